@@ -1,0 +1,174 @@
+// FlashAttention-2 forward: O = softmax(scale * Q K^T) V for one (kBlockM query rows, batch, head) block.
+//
+// Q stays in shared memory; K and V tiles stream through one buffer each with cp.async so the load of
+// V[n] overlaps S = Q K[n]^T and the load of K[n - 1] overlaps the softmax and O += P V[n]. Warps split
+// Q's rows, so the softmax statistics of a row live in one quad of one warp.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "block_range.h"
+#include "flash_attn2/flash_attn2.h"
+#include "kernel_traits.h"
+#include "mask.h"
+#include "seqlen.h"
+#include "softmax.h"
+#include "utils.h"
+
+namespace flash_attn2 {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+  const int tid = threadIdx.x;
+
+  // The query block varies fastest, so all blocks of one head run together and share its K/V through
+  // L2; within a head, the longest causal rows start first.
+  const int num_m_blocks = (params.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block = num_m_blocks - 1 - int(blockIdx.x % num_m_blocks);
+  const int bidh = int(blockIdx.x / num_m_blocks) % params.num_heads;
+  const int bidb = int(blockIdx.x / num_m_blocks) / params.num_heads;
+  const int bidh_k = bidh / (params.num_heads / params.num_heads_k);
+
+  const SeqlenInfo seq(params, bidb);
+  if (m_block * kBlockM >= seq.len_q) return;  // varlen: shorter than the longest sequence
+  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, m_block, params.causal);
+  const int rows_left = seq.len_q - m_block * kBlockM;
+
+  auto rows_of = [](auto* ptr, int rows, int64_t row_stride) {  // (rows, D)
+    return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
+  };
+  Tensor mQ = rows_of(static_cast<const Element*>(params.q) + seq.offset_q(params.q_batch_stride, params.q_row_stride, bidb) +
+                          bidh * params.q_head_stride,
+                      seq.len_q, params.q_row_stride);  // (len_q, D)
+  Tensor mK = rows_of(static_cast<const Element*>(params.k) + seq.offset_k(params.k_batch_stride, params.k_row_stride, bidb) +
+                          bidh_k * params.k_head_stride,
+                      seq.len_k, params.k_row_stride);  // (len_k, D)
+  Tensor mV = rows_of(static_cast<const Element*>(params.v) + seq.offset_k(params.v_batch_stride, params.v_row_stride, bidb) +
+                          bidh_k * params.v_head_stride,
+                      seq.len_k, params.v_row_stride);  // (len_k, D)
+  Tensor mO = rows_of(static_cast<Element*>(params.out) + seq.offset_q(params.o_batch_stride, params.o_row_stride, bidb) +
+                          bidh * params.o_head_stride,
+                      seq.len_q, params.o_row_stride);  // (len_q, D)
+  Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));   // (kBlockM, D)
+  Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));        // (kBlockN, D, n)
+  Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));        // (kBlockN, D, n)
+  Tensor gO = local_tile(mO, TileQ{}, make_coord(m_block, 0));   // (kBlockM, D)
+  float* lse = params.lse + seq.offset_q(params.lse_batch_stride, 1, bidb) + bidh * params.lse_head_stride +
+               m_block * kBlockM;
+
+  extern __shared__ __align__(128) char smem[];
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D)
+  Tensor sK = make_tensor(sQ.data() + cosize(typename Traits::SmemLayoutQ{}), typename Traits::SmemLayoutKV{});  // (kBlockN, D)
+  Tensor sV = make_tensor(sK.data() + cosize(typename Traits::SmemLayoutKV{}), typename Traits::SmemLayoutKV{});  // (kBlockN, D)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (D, kBlockN)
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});    // (kBlockM, D), once Q is done
+
+  // Global -> shared.
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);                           // (CPY, CPY_M, CPY_D)
+  Tensor tQsQ = gmem_thr.partition_D(sQ);                           // (CPY, CPY_M, CPY_D)
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));  // (CPY, CPY_M, CPY_D) -> (row, col)
+  Tensor tKgK = gmem_thr.partition_S(gK);                           // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = gmem_thr.partition_D(sK);                           // (CPY, CPY_N, CPY_D)
+  Tensor tVgV = gmem_thr.partition_S(gV);                           // (CPY, CPY_N, CPY_D, n)
+  Tensor tVsV = gmem_thr.partition_D(sV);                           // (CPY, CPY_N, CPY_D)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
+  auto load_k = [&](int n_block, auto check_rows) {
+    load_tile<decltype(check_rows)::value>(gmem_copy, tKgK(_, _, _, n_block), tKsK, tKVcKV,
+                                           seq.len_k - n_block * kBlockN, params.head_dim);
+  };
+  auto load_v = [&](int n_block, auto check_rows) {
+    load_tile<decltype(check_rows)::value>(gmem_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV,
+                                           seq.len_k - n_block * kBlockN, params.head_dim);
+  };
+
+  // Tensor cores: S = Q K^T and O += P V, operands staged through registers by ldmatrix.
+  typename Traits::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(sV.data(), get_nonswizzle_portion(typename Traits::SmemLayoutVt{})));  // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(mma, TileQ{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma);
+  Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);   // (CPY, CPY_M, CPY_D)
+  Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK);   // (CPY, CPY_N, CPY_D)
+  Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);  // (CPY, CPY_D, CPY_N)
+
+  Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
+  const Mask mask{seq.len_q, seq.len_k, params.causal};
+  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(params.softmax_scale);
+
+  // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
+  auto step = [&](int n_block, auto masked) {
+    Tensor acc_s = partition_fragment_C(mma, TileS{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    cp_async_wait<0>();
+    __syncthreads();  // K[n] has landed, and every warp is done reading V[n + 1]
+    load_v(n_block, masked);
+    cp_async_fence();
+    gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, tSsK, smem_copy_k);
+    Tensor S = rowcol_view(acc_s);
+    if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    cp_async_wait<0>();
+    __syncthreads();  // V[n] has landed, and every warp is done reading K[n]
+    if (n_block > blocks.n_min) {
+      load_k(n_block - 1, false_type{});
+      cp_async_fence();
+    }
+    Tensor O = rowcol_view(acc_o);
+    softmax.update(S, O);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    gemm_rs(mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v);
+  };
+
+  if (blocks.n_max > blocks.n_min) {
+    load_tile<true>(gmem_copy, tQgQ, tQsQ, tQcQ, rows_left, params.head_dim);
+    load_k(blocks.n_max - 1, true_type{});
+    cp_async_fence();
+  }
+  int n_block = blocks.n_max - 1;
+  for (; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
+  for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+
+  // Epilogue: normalize, stage O through shared memory for 16-byte stores, write the LSE.
+  float row_lse[decltype(size<0>(tScS))::value];
+  {
+    Tensor O = rowcol_view(acc_o);
+    softmax.finalize(O, row_lse);
+  }
+  Tensor rO = convert_fragment<Element>(acc_o);
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+
+  if (get<1>(tScS(0, 0)) == 0) {  // the quad's first thread owns column 0 of its rows
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(tScS); ++r) {
+      const int row = get<0>(tScS(r, 0));
+      if (row < rows_left) lse[row] = row_lse[r];
+    }
+  }
+  __syncthreads();
+  typename Traits::GmemTiledCopyO gmem_copy_o;
+  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
+  Tensor tOsO = gmem_thr_o.partition_S(sO);                           // (CPY, CPY_M, CPY_D)
+  Tensor tOgO = gmem_thr_o.partition_D(gO);                           // (CPY, CPY_M, CPY_D)
+  Tensor tOcO = gmem_thr_o.partition_D(make_identity_tensor(TileQ{}));  // (CPY, CPY_M, CPY_D) -> (row, col)
+  Tensor tOrO = make_fragment_like(tOsO);
+  cute::copy(gmem_copy_o, tOsO, tOrO);
+  store_tile(gmem_copy_o, tOrO, tOgO, tOcO, rows_left, params.head_dim);
+}
+
+}  // namespace flash_attn2

@@ -1,0 +1,35 @@
+// Launcher for one (head dim, dtype) forward kernel; each csrc/instantiations/fwd_*.cu compiles one.
+#pragma once
+
+#include <climits>
+
+#include "fwd_kernel.h"
+#include "registry.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim, typename Element>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdTraits<kHeadDim, Element>;
+  auto kernel = &fwd_kernel<Traits>;
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  // The attribute is per device, so it is set on every launch rather than cached.
+  if constexpr (kSmemBytes > 48 * 1024) {
+    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes)) {
+      return err;
+    }
+  }
+  const int64_t num_blocks = int64_t((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) * params.num_heads *
+                             params.batch;
+  if (num_blocks == 0) return cudaSuccess;
+  if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
+  kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace flash_attn2
+
+#define FLASH_ATTN2_INSTANTIATE_FWD(HEAD_DIM, ELEMENT, DTYPE)                   \
+  namespace flash_attn2 {                                                       \
+  static const bool registered_fwd = register_fwd(HEAD_DIM, DTYPE, &launch_fwd<HEAD_DIM, ELEMENT>); \
+  }

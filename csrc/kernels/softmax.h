@@ -1,0 +1,68 @@
+// FA2's online softmax over one thread's rows of S, kept in registers.
+//
+// O accumulates unnormalized: each new tile rescales O and the running row sums by exp(m_old - m_new)
+// once, and O is divided by the row sum only at the end. Scores stay unscaled; exponentials are
+// exp2(s * scale * log2(e) - m * scale * log2(e)), one FFMA and one ex2 per element.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+#include "utils.h"
+
+namespace flash_attn2 {
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];  // of the raw scores seen so far; -inf while a row has seen no visible key
+  float row_sum[kRows];  // this thread's partial sums; the quad reduces them in finalize()
+  float scale, scale_log2;
+
+  __device__ explicit OnlineSoftmax(float softmax_scale)
+      : scale(softmax_scale), scale_log2(softmax_scale * float(M_LOG2E)) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) { row_max[r] = -INFINITY; row_sum[r] = 0.f; }
+  }
+
+  // S, O: (row, col) views. Turns S into P = exp(scale * (S - m_new)) in place and rescales O.
+  template <class TensorS, class TensorO>
+  __device__ void update(TensorS& S, TensorO& O) {
+    static_assert(decltype(cute::size<0>(S))::value == kRows && decltype(cute::size<0>(O))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(S); ++c) m = fmaxf(m, S(r, c));
+      m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
+      // A row that has seen only masked keys keeps m = -inf; shifting by 0 instead keeps exp2 at 0, not NaN.
+      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      const float correction = fast_exp2(row_max[r] * scale_log2 - m_scaled);  // 0 on a row's first tile
+      row_max[r] = m;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(S); ++c) {
+        S(r, c) = fast_exp2(S(r, c) * scale_log2 - m_scaled);
+        sum += S(r, c);
+      }
+      row_sum[r] = row_sum[r] * correction + sum;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= correction;
+    }
+  }
+
+  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf.
+  template <class TensorO>
+  __device__ void finalize(TensorO& O, float (&lse)[kRows]) const {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
+      const float inv = sum == 0.f ? 0.f : __fdividef(1.f, sum);
+      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * scale + logf(sum);
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= inv;
+    }
+  }
+};
+
+}  // namespace flash_attn2

@@ -1,0 +1,26 @@
+"""flash_attn2: FlashAttention-2 CUDA kernels (CuTe) with flash-attn 2.x's Python API."""
+
+__version__ = "0.1.0"
+
+from .bert_padding import pad_input, unpad_input
+from .flash_attn_interface import (
+    compiled_head_dims,
+    flash_attn_func,
+    flash_attn_kvpacked_func,
+    flash_attn_qkvpacked_func,
+    flash_attn_varlen_func,
+    flash_attn_varlen_kvpacked_func,
+    flash_attn_varlen_qkvpacked_func,
+)
+
+__all__ = [
+    "compiled_head_dims",
+    "flash_attn_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_varlen_func",
+    "flash_attn_varlen_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "pad_input",
+    "unpad_input",
+]

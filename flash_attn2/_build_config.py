@@ -1,0 +1,176 @@
+"""Build knobs and preflight checks for setup.py.
+
+Importable without torch or the extension (setup.py loads this file directly), so the CPU tests can
+exercise every rule here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
+DTYPES = ("fp16", "bf16")
+MIN_ARCH = 80  # the kernels use SM80 tensor-core MMA (mma.sync), valid on sm_80 and newer
+DEFAULT_ARCHS = ("80", "90")  # with PTX for the newest, when no GPU is visible at build time
+GB = 1 << 30
+# Peak resident memory of one nvcc job compiling one kernel file for one arch, measured on the build
+# machine (see benchmarks/TUNING.md), with headroom.
+MEM_PER_JOB = 3 * GB
+
+
+def _parse_list(value: str) -> list[str]:
+    return [item for item in re.split(r"[,;\s]+", value.strip()) if item]
+
+
+def selected_head_dims(env=os.environ) -> list[int]:
+    """FLASH_ATTN2_HEAD_DIMS, e.g. "64,128"; default: every bucket."""
+    value = env.get("FLASH_ATTN2_HEAD_DIMS", "")
+    if not value.strip():
+        return list(HEAD_DIMS)
+    dims = []
+    for item in _parse_list(value):
+        if not item.isdigit() or int(item) not in HEAD_DIMS:
+            raise ValueError(f"FLASH_ATTN2_HEAD_DIMS: {item!r} is not one of {', '.join(map(str, HEAD_DIMS))}")
+        dims.append(int(item))
+    return sorted(set(dims))
+
+
+def selected_dtypes(env=os.environ) -> list[str]:
+    """FLASH_ATTN2_DTYPES, e.g. "bf16"; default: fp16 and bf16."""
+    value = env.get("FLASH_ATTN2_DTYPES", "")
+    if not value.strip():
+        return list(DTYPES)
+    dtypes = []
+    for item in _parse_list(value.lower()):
+        if item not in DTYPES:
+            raise ValueError(f"FLASH_ATTN2_DTYPES: {item!r} is not one of {', '.join(DTYPES)}")
+        dtypes.append(item)
+    return [d for d in DTYPES if d in dtypes]
+
+
+def selected_archs(env=os.environ, visible_capabilities=()) -> list[str]:
+    """Targets as "80", "90", ...; "+PTX" on the last one embeds PTX too.
+
+    FLASH_ATTN2_CUDA_ARCHS (e.g. "80;90+PTX" or "8.0 9.0") wins; else the visible GPUs' archs; else
+    sm_80 and sm_90 plus PTX.
+    """
+    value = env.get("FLASH_ATTN2_CUDA_ARCHS", "")
+    if value.strip():
+        archs = []
+        for item in _parse_list(value):
+            m = re.fullmatch(r"(?:sm_)?(\d+)\.?(\d)?(\+PTX)?", item, flags=re.IGNORECASE)
+            if not m:
+                raise ValueError(f"FLASH_ATTN2_CUDA_ARCHS: cannot read {item!r}; write e.g. 80;90 or 9.0+PTX")
+            arch = m.group(1) + (m.group(2) or "")
+            if int(arch) < MIN_ARCH:
+                raise ValueError(f"FLASH_ATTN2_CUDA_ARCHS: sm_{arch} is older than sm_{MIN_ARCH}, which the kernels need")
+            archs.append(arch + ("+PTX" if m.group(3) else ""))
+        return archs
+    visible = sorted({f"{major}{minor}" for major, minor in visible_capabilities if major * 10 + minor >= MIN_ARCH})
+    if visible:
+        return visible
+    return [DEFAULT_ARCHS[0], DEFAULT_ARCHS[1] + "+PTX"]
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    flags = []
+    for arch in archs:
+        num = arch.replace("+PTX", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if arch.endswith("+PTX"):
+            flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
+    return flags
+
+
+def built_arch_names(archs: list[str]) -> list[str]:
+    """What the binary holds: sm_XY for machine code, compute_XY for PTX."""
+    names = []
+    for arch in archs:
+        num = arch.replace("+PTX", "")
+        names.append(f"sm_{num}")
+        if arch.endswith("+PTX"):
+            names.append(f"compute_{num}")
+    return names
+
+
+def max_jobs(env=os.environ, cpus: int | None = None, available_bytes: int | None = None) -> int:
+    """MAX_JOBS if set; else as many parallel nvcc jobs as both the cores and the free memory allow."""
+    if env.get("MAX_JOBS", "").strip():
+        return max(1, int(env["MAX_JOBS"]))
+    cpus = cpus if cpus is not None else (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if available_bytes is None:
+        available_bytes = _available_memory()
+    by_memory = available_bytes // MEM_PER_JOB if available_bytes else cpus
+    return int(max(1, min(cpus, by_memory)))
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str]) -> list[str]:
+    return [os.path.join(csrc, "instantiations", f"fwd_hdim{d}_{t}.cu") for d in head_dims for t in dtypes]
+
+
+class PreflightError(RuntimeError):
+    pass
+
+
+def nvcc_version(nvcc: str) -> tuple[int, int]:
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60).stdout
+    m = re.search(r"release (\d+)\.(\d+)", out)
+    if not m:
+        raise PreflightError(f"could not read the CUDA version from `{nvcc} --version`:\n{out}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def preflight(cuda_home: str | None, torch_cuda: str | None) -> str:
+    """Fails fast, saying what to do, when nvcc is missing or its CUDA major differs from torch's."""
+    if torch_cuda is None:
+        raise PreflightError(
+            "this torch is a CPU-only build (torch.version.cuda is None); install a CUDA build of torch "
+            "(e.g. pip install torch==2.11.0) before building flash_attn2")
+    if not cuda_home:
+        raise PreflightError("CUDA_HOME is not set and no nvcc was found; install the CUDA toolkit and set "
+                             "CUDA_HOME=/usr/local/cuda (the directory holding bin/nvcc)")
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    if not os.path.isfile(nvcc):
+        raise PreflightError(f"no nvcc at {nvcc}; set CUDA_HOME to the CUDA toolkit's directory (holding bin/nvcc)")
+    major, minor = nvcc_version(nvcc)
+    torch_major = int(torch_cuda.split(".")[0])
+    if major != torch_major:
+        raise PreflightError(
+            f"nvcc at {nvcc} is CUDA {major}.{minor} but torch was built with CUDA {torch_cuda}; the major "
+            f"versions must match: point CUDA_HOME at a CUDA {torch_major}.x toolkit or install a torch built for CUDA {major}")
+    return nvcc
+
+
+def cutlass_include_dir(env=os.environ, repo_root: str = ".") -> str:
+    """CUTLASS_DIR (a CUTLASS checkout), else third_party/cutlass, else the nvidia-cutlass package."""
+    candidates = []
+    if env.get("CUTLASS_DIR", "").strip():
+        candidates.append(("CUTLASS_DIR", os.path.join(env["CUTLASS_DIR"], "include")))
+    else:
+        checkout = os.path.join(repo_root, "third_party", "cutlass", "include")
+        if os.path.isdir(checkout):
+            candidates.append(("third_party/cutlass", checkout))
+        else:
+            try:
+                import cutlass_library
+                candidates.append(("nvidia-cutlass", os.path.join(os.path.dirname(cutlass_library.__file__), "source", "include")))
+            except ImportError:
+                raise PreflightError("CuTe/CUTLASS headers not found: pip install nvidia-cutlass==4.2.0.0, or set "
+                                     "CUTLASS_DIR to a CUTLASS checkout, or clone one into third_party/cutlass") from None
+    origin, include = candidates[0]
+    if not os.path.isfile(os.path.join(include, "cute", "tensor.hpp")):
+        raise PreflightError(f"{origin}: no cute/tensor.hpp under {include}")
+    return include

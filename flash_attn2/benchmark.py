@@ -1,0 +1,184 @@
+"""Times flash_attn2 next to PyTorch's SDPA backends on the FA2 paper's grid, on the same inputs.
+
+Writes <out_dir>/<gpu>.csv (gpu,impl,dtype,hdim,causal,seqlen,batch,nheads,pass,ms,tflops) and a PNG plot
+beside it, and prints the geometric-mean and minimum speed ratio flash_attn2 / sdpa_flash per pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import re
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from .flash_attn_interface import flash_attn_func
+
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+TOKENS = 16384
+HIDDEN = 2048
+HEAD_DIMS = (64, 128, 256)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SDPA_BACKENDS = {
+    "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+    "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
+    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+IMPLS = ("flash_attn2", *SDPA_BACKENDS)
+COLUMNS = ("gpu", "impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms", "tflops")
+
+
+def flops(batch, nheads, seqlen, hdim, causal, pass_):
+    """FA2's count: forward 4 * b * h * s^2 * d, halved when causal; backward 2.5x the forward."""
+    fwd = 4 * batch * nheads * seqlen * seqlen * hdim / (2 if causal else 1)
+    return {"fwd": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[pass_]
+
+
+def median_ms(fn, warmup=5, reps=30):
+    """Median of reps CUDA-event timings after warmup runs."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def make_fn(impl, q, k, v, causal):
+    if impl == "flash_attn2":
+        return lambda: flash_attn_func(q, k, v, causal=causal)
+    backend = SDPA_BACKENDS[impl]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) view of the same memory
+
+    def run():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    return run
+
+
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+
+
+def run_grid(dtypes, head_dims, seqlens, causals, impls, reps, log=print):
+    gpu = torch.cuda.get_device_name()
+    rows = []
+    for dtype_name in dtypes:
+        for hdim in head_dims:
+            for causal in causals:
+                for seqlen in seqlens:
+                    batch, nheads = TOKENS // seqlen, HIDDEN // hdim
+                    q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=DTYPES[dtype_name])
+                               for _ in range(3))
+                    line = []
+                    for impl in impls:
+                        try:
+                            ms = median_ms(make_fn(impl, q, k, v, causal), reps=reps)
+                        except RuntimeError as e:  # a backend that does not support this shape
+                            log(f"  {impl} skipped at {dtype_name} d={hdim} causal={causal} s={seqlen}: "
+                                f"{str(e).splitlines()[0][:120]}")
+                            continue
+                        tflops = flops(batch, nheads, seqlen, hdim, causal, "fwd") / ms / 1e9
+                        rows.append(dict(gpu=gpu, impl=impl, dtype=dtype_name, hdim=hdim, causal=causal,
+                                         seqlen=seqlen, batch=batch, nheads=nheads, **{"pass": "fwd"},
+                                         ms=round(ms, 5), tflops=round(tflops, 2)))
+                        line.append(f"{impl} {tflops:6.1f}")
+                    log(f"{dtype_name} d={hdim:3d} causal={causal!s:5} s={seqlen:5d}: " + " | ".join(line))
+                    del q, k, v
+    return rows
+
+
+def ratios(rows, impl="flash_attn2", base="sdpa_flash"):
+    """{pass: [(ratio, row key)]} of impl's TFLOPs/s over base's at each grid point both measured."""
+    key = lambda r: (r["pass"], r["dtype"], r["hdim"], r["causal"], r["seqlen"])
+    ours = {key(r): r["tflops"] for r in rows if r["impl"] == impl}
+    theirs = {key(r): r["tflops"] for r in rows if r["impl"] == base}
+    out = {}
+    for k in sorted(set(ours) & set(theirs), key=str):
+        out.setdefault(k[0], []).append((ours[k] / theirs[k], k))
+    return out
+
+
+def summary(rows) -> str:
+    lines = []
+    for pass_, pairs in ratios(rows).items():
+        values = [r for r, _ in pairs]
+        geomean = math.exp(sum(map(math.log, values)) / len(values))
+        worst, at = min(pairs)
+        lines.append(f"{pass_}: flash_attn2 / sdpa_flash over {len(values)} points: geomean {geomean:.3f}, "
+                     f"min {worst:.3f} at {at[1]} hdim={at[2]} causal={at[3]} seqlen={at[4]}")
+    return "\n".join(lines)
+
+
+def write_csv(rows, path):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["pass"], r["dtype"], r["causal"], r["hdim"]) for r in rows}, key=str)
+    cols = len({p[3] for p in panels})
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    for ax, (pass_, dtype, causal, hdim) in zip(axes.flat, panels):
+        for impl in IMPLS:
+            pts = sorted((r["seqlen"], r["tflops"]) for r in rows if (r["impl"], r["pass"], r["dtype"], r["causal"],
+                                                                     r["hdim"]) == (impl, pass_, dtype, causal, hdim))
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{pass_} {dtype} hdim={hdim}{' causal' if causal else ''}", fontsize=9)
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOPs/s")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{rows[0]['gpu']}: batch x seqlen = {TOKENS} tokens, hidden {HIDDEN}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    p.add_argument("--hdims", nargs="+", type=int, default=list(HEAD_DIMS))
+    p.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    rows = run_grid(args.dtypes, args.hdims, args.seqlens, [c == "true" for c in args.causal], args.impls, args.reps)
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, gpu_slug(torch.cuda.get_device_name()))
+    write_csv(rows, base + ".csv")
+    try:
+        plot(rows, base + ".png")
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+    print(f"wrote {base}.csv and .png")
+    print(summary(rows))
+    return rows

@@ -1,0 +1,65 @@
+"""Reference attention and the accuracy rule shared by the tests and `python -m flash_attn2`.
+
+The rule: our fp16/bf16 error against a float32 reference computed from the same inputs must be at most
+twice PyTorch's own fp16/bf16 attention error against that reference, plus a tiny absolute term.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
+    """q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in q's dtype, lse (b, h, sq) fp32.
+
+    upcast=True computes in float32 (the reference); False in the inputs' dtype, the way PyTorch's own
+    fp16/bf16 attention would. Causal is bottom-right aligned; rows that see no key give 0 and -inf.
+    """
+    dtype = q.dtype
+    if upcast:  # to float32, or keep float64
+        q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
+    groups = q.shape[2] // k.shape[2]
+    k = k.repeat_interleave(groups, dim=2)
+    v = v.repeat_interleave(groups, dim=2)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    scores = torch.einsum("bthd,bshd->bhts", q * scale, k)
+    sq, sk = q.shape[1], k.shape[1]
+    if causal:
+        row = torch.arange(sq, device=q.device).view(-1, 1)
+        col = torch.arange(sk, device=q.device).view(1, -1)
+        scores = scores.masked_fill(col > row + sk - sq, -math.inf)
+    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+    attn = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
+    return out.to(dtype), lse
+
+
+def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, upcast=True):
+    """Packed q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q)."""
+    outs, lses = [], []
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        o, l = attention_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
+                             causal, softmax_scale, upcast)
+        outs.append(o[0])
+        lses.append(l[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+def max_error(x, ref) -> float:
+    """Max absolute difference; NaN anywhere (e.g. an unwritten poisoned element) gives inf."""
+    x, ref = x.float(), ref.float()
+    both_inf = torch.isinf(x) & torch.isinf(ref) & (torch.sign(x) == torch.sign(ref))
+    diff = torch.where(both_inf, torch.zeros_like(x), (x - ref).abs())
+    if diff.numel() == 0:
+        return 0.0
+    diff = torch.nan_to_num(diff, nan=math.inf)
+    return diff.max().item()
+
+
+def within_tolerance(ours, ref, torch_lowp, atol=1e-5) -> tuple[bool, float, float]:
+    """(ok, our error, PyTorch low-precision error) under the 2x rule."""
+    err, err_pt = max_error(ours, ref), max_error(torch_lowp, ref)
+    return err <= 2 * err_pt + atol, err, err_pt

@@ -1,0 +1,66 @@
+"""Builds flash_attn2's CUDA extension (flash_attn2_cuda) with torch.utils.cpp_extension and ninja.
+
+Knobs (environment variables, see README): FLASH_ATTN2_CUDA_ARCHS, FLASH_ATTN2_HEAD_DIMS,
+FLASH_ATTN2_DTYPES, MAX_JOBS, CUTLASS_DIR, CUDA_HOME.
+"""
+
+import importlib.util
+import os
+import sys
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("csrc")
+
+
+def _load_build_config():
+    spec = importlib.util.spec_from_file_location("_build_config", os.path.join(ROOT, "flash_attn2", "_build_config.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cfg = _load_build_config()
+
+
+def _extension_and_cmdclass():
+    import torch
+    from torch.utils import cpp_extension
+
+    try:
+        cfg.preflight(cpp_extension.CUDA_HOME, torch.version.cuda)
+        cutlass_include = cfg.cutlass_include_dir(os.environ, ROOT)
+        head_dims = cfg.selected_head_dims()
+        dtypes = cfg.selected_dtypes()
+        visible = []
+        if torch.cuda.is_available():
+            visible = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
+        archs = cfg.selected_archs(os.environ, visible)
+    except (cfg.PreflightError, ValueError) as e:
+        sys.exit(f"flash_attn2 build: {e}")
+
+    os.environ["MAX_JOBS"] = str(cfg.max_jobs())
+    built = ";".join(cfg.built_arch_names(archs))
+    print(f"flash_attn2 build: archs {built}; head dims {head_dims}; dtypes {dtypes}; "
+          f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}")
+
+    ext = cpp_extension.CUDAExtension(
+        name="flash_attn2_cuda",
+        sources=[os.path.join(CSRC, "flash_api.cpp"), os.path.join(CSRC, "fwd_dispatch.cpp")]
+        + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes)],
+        include_dirs=[os.path.join(ROOT, CSRC, "include"), os.path.join(ROOT, CSRC, "kernels"), cutlass_include],
+        extra_compile_args={
+            "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"'],
+            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills"]
+            + cfg.gencode_flags(archs),
+        },
+    )
+    return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
+
+
+# Metadata-only invocations (egg_info, dist_info, sdist) need no compiler.
+_BUILDS = {"build_ext", "build", "bdist_wheel", "install", "develop", "editable_wheel", "build_py"}
+ext_modules, cmdclass = _extension_and_cmdclass() if _BUILDS & set(sys.argv) else ([], {})
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

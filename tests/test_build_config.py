@@ -1,0 +1,80 @@
+"""setup.py's knobs and preflight checks (CPU)."""
+
+import importlib.util
+import os
+import stat
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+spec = importlib.util.spec_from_file_location("_build_config", os.path.join(ROOT, "flash_attn2", "_build_config.py"))
+cfg = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cfg)
+
+
+def test_head_dims_and_dtypes():
+    assert cfg.selected_head_dims({}) == [32, 64, 96, 128, 160, 192, 224, 256]
+    assert cfg.selected_head_dims({"FLASH_ATTN2_HEAD_DIMS": "128, 64;64"}) == [64, 128]
+    with pytest.raises(ValueError, match="FLASH_ATTN2_HEAD_DIMS: '48'"):
+        cfg.selected_head_dims({"FLASH_ATTN2_HEAD_DIMS": "64,48"})
+    assert cfg.selected_dtypes({}) == ["fp16", "bf16"]
+    assert cfg.selected_dtypes({"FLASH_ATTN2_DTYPES": "BF16"}) == ["bf16"]
+    with pytest.raises(ValueError, match="FLASH_ATTN2_DTYPES: 'fp32'"):
+        cfg.selected_dtypes({"FLASH_ATTN2_DTYPES": "fp32"})
+
+
+def test_archs():
+    assert cfg.selected_archs({}, []) == ["80", "90+PTX"]
+    assert cfg.selected_archs({}, [(9, 0), (9, 0), (7, 5)]) == ["90"]
+    assert cfg.selected_archs({"FLASH_ATTN2_CUDA_ARCHS": "8.0;9.0+PTX"}, [(9, 0)]) == ["80", "90+PTX"]
+    assert cfg.selected_archs({"FLASH_ATTN2_CUDA_ARCHS": "sm_90"}) == ["90"]
+    with pytest.raises(ValueError, match="older than sm_80"):
+        cfg.selected_archs({"FLASH_ATTN2_CUDA_ARCHS": "75"})
+    with pytest.raises(ValueError, match="cannot read 'hopper'"):
+        cfg.selected_archs({"FLASH_ATTN2_CUDA_ARCHS": "hopper"})
+    assert cfg.gencode_flags(["80", "90+PTX"]) == [
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_90,code=compute_90"]
+    assert cfg.built_arch_names(["80", "90+PTX"]) == ["sm_80", "sm_90", "compute_90"]
+
+
+def test_max_jobs_respects_cores_and_memory():
+    assert cfg.max_jobs({"MAX_JOBS": "3"}, cpus=64, available_bytes=1) == 3
+    assert cfg.max_jobs({}, cpus=16, available_bytes=1000 * cfg.GB) == 16
+    assert cfg.max_jobs({}, cpus=16, available_bytes=7 * cfg.GB) == 7 // 3
+    assert cfg.max_jobs({}, cpus=16, available_bytes=1 * cfg.GB) == 1
+
+
+def test_kernel_sources_exist():
+    sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), cfg.selected_head_dims({}), cfg.selected_dtypes({}))
+    assert len(sources) == 16 and all(os.path.isfile(s) for s in sources)
+
+
+def fake_nvcc(tmp_path, release):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    return str(tmp_path)
+
+
+def test_preflight(tmp_path):
+    with pytest.raises(cfg.PreflightError, match="CPU-only build"):
+        cfg.preflight("/usr/local/cuda", None)
+    with pytest.raises(cfg.PreflightError, match="CUDA_HOME is not set"):
+        cfg.preflight(None, "13.0")
+    with pytest.raises(cfg.PreflightError, match="no nvcc at"):
+        cfg.preflight(str(tmp_path / "nowhere"), "13.0")
+    home = fake_nvcc(tmp_path, "12.4")
+    with pytest.raises(cfg.PreflightError, match=r"CUDA 12.4 but torch was built with CUDA 13.0"):
+        cfg.preflight(home, "13.0")
+    assert cfg.preflight(home, "12.8").endswith("nvcc")
+
+
+def test_cutlass_include_dir(tmp_path):
+    with pytest.raises(cfg.PreflightError, match="CUTLASS_DIR: no cute/tensor.hpp"):
+        cfg.cutlass_include_dir({"CUTLASS_DIR": str(tmp_path)}, ROOT)
+    (tmp_path / "include" / "cute").mkdir(parents=True)
+    (tmp_path / "include" / "cute" / "tensor.hpp").write_text("")
+    assert cfg.cutlass_include_dir({"CUTLASS_DIR": str(tmp_path)}, ROOT) == str(tmp_path / "include")

@@ -1,0 +1,72 @@
+"""The reference and the padding helpers themselves (CPU, float64)."""
+
+import math
+
+import torch
+
+import flash_attn2
+from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error, within_tolerance
+
+
+def naive(q, k, v, causal, scale):
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    out = torch.zeros_like(q)
+    lse = torch.full((b, h, sq), -math.inf, dtype=q.dtype)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(sq):
+                keys = [j for j in range(sk) if not causal or j <= i + sk - sq]
+                if not keys:
+                    continue
+                s = torch.stack([(q[bi, i, hi] * k[bi, j, hi // (h // hk)]).sum() * scale for j in keys])
+                p = torch.softmax(s, 0)
+                lse[bi, hi, i] = torch.logsumexp(s, 0)
+                out[bi, i, hi] = sum(p[n] * v[bi, j, hi // (h // hk)] for n, j in enumerate(keys))
+    return out, lse
+
+
+def test_reference_matches_naive_bottom_right_causal():
+    for sq, sk, causal in [(5, 7, True), (7, 5, True), (6, 6, False), (1, 4, True)]:
+        q = torch.randn(2, sq, 4, 8, dtype=torch.float64)
+        k = torch.randn(2, sk, 2, 8, dtype=torch.float64)
+        v = torch.randn(2, sk, 2, 8, dtype=torch.float64)
+        out, lse = attention_ref(q, k, v, causal, 0.5)
+        out_n, lse_n = naive(q, k, v, causal, 0.5)
+        torch.testing.assert_close(out, out_n)
+        torch.testing.assert_close(lse, lse_n)
+    # sq > sk, causal: the first sq - sk rows see no key -> 0 and -inf.
+    out, lse = attention_ref(*(torch.randn(1, n, 1, 8, dtype=torch.float64) for n in (7, 5, 5)), causal=True)
+    assert (out[0, :2] == 0).all() and (lse[0, 0, :2] == -math.inf).all() and lse[0, 0, 2:].isfinite().all()
+
+
+def test_varlen_reference_is_per_sequence():
+    q = torch.randn(9, 2, 8, dtype=torch.float64)
+    k = torch.randn(6, 2, 8, dtype=torch.float64)
+    cu_q, cu_k = torch.tensor([0, 4, 4, 9]), torch.tensor([0, 3, 5, 6])
+    out, lse = attention_ref_varlen(q, k, k, cu_q, cu_k, causal=True)
+    assert out.shape == q.shape and lse.shape == (2, 9)
+    o, l = attention_ref(q[None, 4:9], k[None, 5:6], k[None, 5:6], True)
+    torch.testing.assert_close(out[4:9], o[0])
+    torch.testing.assert_close(lse[:, 4:9], l[0])
+
+
+def test_tolerance_rule_catches_nan_and_large_errors():
+    ref = torch.randn(100)
+    lowp = ref + 1e-3 * torch.randn(100)
+    assert within_tolerance(ref + 1e-4, ref, lowp)[0]
+    assert not within_tolerance(ref + 0.1, ref, lowp)[0]
+    poisoned = ref.clone()
+    poisoned[17] = math.nan
+    assert max_error(poisoned, ref) == math.inf and not within_tolerance(poisoned, ref, lowp)[0]
+    assert max_error(torch.tensor([-math.inf]), torch.tensor([-math.inf])) == 0.0
+
+
+def test_unpad_pad_roundtrip():
+    x = torch.randn(3, 5, 2, 4)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], dtype=torch.bool)
+    x_unpad, indices, cu, max_s, used = flash_attn2.unpad_input(x, mask)
+    assert x_unpad.shape == (8, 2, 4) and cu.tolist() == [0, 3, 8, 8] and max_s == 5 and used.tolist() == [3, 5, 0]
+    assert cu.dtype == torch.int32 and used.dtype == torch.int32
+    back = flash_attn2.pad_input(x_unpad, indices, 3, 5)
+    torch.testing.assert_close(back, x * mask[..., None, None])
