@@ -55,7 +55,8 @@ __device__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
 }
 
 // Global -> shared with cp.async. Rows >= max_rows (tested only when kCheckRows) and columns >= max_cols
-// are zero-filled instead, so padding keys and head-dim columns add nothing to either GEMM.
+// are zero-filled instead, so padding keys and head-dim columns add nothing to either GEMM. The copy is
+// the ZFILL cp.async: a false predicate reads no bytes, so the code stays branch-free.
 template <bool kCheckRows, class TiledCopy, class Src, class Dst, class Coord>
 __device__ void load_tile(TiledCopy const& copy, Src const& src, Dst&& dst, Coord const& coord, int max_rows,
                           int max_cols) {
@@ -66,11 +67,7 @@ __device__ void load_tile(TiledCopy const& copy, Src const& src, Dst&& dst, Coor
     const bool row_ok = !kCheckRows || get<0>(coord(0, m, 0)) < max_rows;
     CUTE_UNROLL
     for (int k = 0; k < size<2>(dst); ++k) {
-      if (row_ok && get<1>(coord(0, m, k)) < max_cols) {
-        cute::copy(copy, src(_, m, k), dst(_, m, k));
-      } else {
-        cute::clear(dst(_, m, k));
-      }
+      cute::copy(copy.with(row_ok && get<1>(coord(0, m, k)) < max_cols), src(_, m, k), dst(_, m, k));
     }
   }
 }
