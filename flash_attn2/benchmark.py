@@ -165,7 +165,7 @@ def parse_args(argv=None):
     p.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
     p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
-    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--reps", type=int, default=50)
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
     return p.parse_args(argv)
 

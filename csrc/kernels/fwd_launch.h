@@ -8,9 +8,8 @@
 
 namespace flash_attn2 {
 
-template <int kHeadDim, typename Element>
-cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kHeadDim, Element>;
+template <class Traits>
+cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   // The attribute is per device, so it is set on every launch rather than cached.
@@ -25,6 +24,17 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
   return cudaGetLastError();
+}
+
+template <int kHeadDim, typename Element>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Tiles = FwdTiles<kHeadDim>;
+  if constexpr (HasShortTile<Tiles>::value) {
+    if (params.seqlen_q <= Tiles::kShortMaxSeqlenQ) {
+      return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Short>>(params, stream);
+    }
+  }
+  return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Long>>(params, stream);
 }
 
 }  // namespace flash_attn2

@@ -11,13 +11,13 @@
 
 namespace flash_attn2 {
 
-template <int kHeadDim_, typename Element_>
+template <int kHeadDim_, typename Element_, class Tile>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = FwdTileSize<kHeadDim>::kBlockM;
-  static constexpr int kBlockN = FwdTileSize<kHeadDim>::kBlockN;
-  static constexpr int kNWarps = FwdTileSize<kHeadDim>::kNWarps;
+  static constexpr int kBlockM = Tile::kBlockM;
+  static constexpr int kBlockN = Tile::kBlockN;
+  static constexpr int kNWarps = Tile::kNWarps;
   static constexpr int kNThreads = kNWarps * 32;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256);
   static_assert(kBlockM % (16 * kNWarps) == 0, "each warp owns whole 16-row MMA tiles of Q");

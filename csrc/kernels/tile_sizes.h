@@ -1,19 +1,33 @@
-// Forward tile sizes per head dim: (kBlockM query rows, kBlockN key rows, warps). Each warp owns
-// kBlockM / kNWarps query rows (split-Q). Starting points follow FA2's SM80 choices; the measured
-// choices on H100 are recorded in benchmarks/TUNING.md.
+// Forward tile sizes per head dim: kBlockM query rows, kBlockN key rows, kNWarps warps. Each warp owns
+// kBlockM / kNWarps query rows (split-Q). Measured on H200 (benchmarks/TUNING.md). A head dim may add a
+// second, smaller tile for short sequences, where more and lighter blocks fill the GPU better.
 #pragma once
 
 namespace flash_attn2 {
 
-template <int kHeadDim> struct FwdTileSize;
-//                                      kBlockM       kBlockN       kNWarps
-template <> struct FwdTileSize<32>  { static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4; };
-template <> struct FwdTileSize<64>  { static constexpr int kBlockM = 128, kBlockN = 128, kNWarps = 4; };
-template <> struct FwdTileSize<96>  { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-template <> struct FwdTileSize<128> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 4; };
-template <> struct FwdTileSize<160> { static constexpr int kBlockM = 128, kBlockN = 32,  kNWarps = 4; };
-template <> struct FwdTileSize<192> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 8; };
-template <> struct FwdTileSize<224> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 8; };
-template <> struct FwdTileSize<256> { static constexpr int kBlockM = 128, kBlockN = 64,  kNWarps = 8; };
+template <int kBlockM_, int kBlockN_, int kNWarps_>
+struct Tile {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_;
+};
+
+template <int kHeadDim> struct FwdTiles;
+template <> struct FwdTiles<32>  { using Long = Tile<128, 128, 4>; };
+template <> struct FwdTiles<64>  { using Long = Tile<128, 128, 4>; };
+template <> struct FwdTiles<96>  { using Long = Tile<128, 64, 4>; };
+template <> struct FwdTiles<128> { using Long = Tile<128, 64, 4>; };
+template <> struct FwdTiles<160> { using Long = Tile<128, 32, 4>; };
+template <> struct FwdTiles<192> { using Long = Tile<128, 64, 8>; };
+template <> struct FwdTiles<224> { using Long = Tile<128, 64, 8>; };
+template <> struct FwdTiles<256> {
+  using Long = Tile<128, 64, 8>;   // one 128 KB block per SM
+  using Short = Tile<64, 64, 4>;   // two 96 KB blocks per SM
+  static constexpr int kShortMaxSeqlenQ = 2048;
+};
+
+// Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.
+template <class Tiles, class = void> struct HasShortTile { static constexpr bool value = false; };
+template <class Tiles> struct HasShortTile<Tiles, decltype(void(Tiles::kShortMaxSeqlenQ))> {
+  static constexpr bool value = true;
+};
 
 }  // namespace flash_attn2
