@@ -11,7 +11,7 @@ import sys
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.join("csrc")
+CSRC = "csrc"
 
 
 def _load_build_config():

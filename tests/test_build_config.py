@@ -41,7 +41,7 @@ def test_archs():
 def test_max_jobs_respects_cores_and_memory():
     assert cfg.max_jobs({"MAX_JOBS": "3"}, cpus=64, available_bytes=1) == 3
     assert cfg.max_jobs({}, cpus=16, available_bytes=1000 * cfg.GB) == 16
-    assert cfg.max_jobs({}, cpus=16, available_bytes=7 * cfg.GB) == 7 // 3
+    assert cfg.max_jobs({}, cpus=16, available_bytes=2 * cfg.MEM_PER_JOB + cfg.GB) == 2
     assert cfg.max_jobs({}, cpus=16, available_bytes=1 * cfg.GB) == 1
 
 
