@@ -1,6 +1,7 @@
 // Forward tile sizes per head dim: kBlockM query rows, kBlockN key rows, kNWarps warps. Each warp owns
-// kBlockM / kNWarps query rows (split-Q). Measured on H200 (benchmarks/TUNING.md). A head dim may add a
-// second, smaller tile for short sequences, where more and lighter blocks fill the GPU better.
+// kBlockM / kNWarps query rows (split-Q). Starting points are FA2's SM80 choices; head dims 64, 128 and 256
+// were measured on H200 (benchmarks/TUNING.md), the others not yet. A head dim may add a second, smaller
+// tile for short sequences, where more and lighter blocks fill the GPU better.
 #pragma once
 
 namespace flash_attn2 {
