@@ -47,7 +47,7 @@ def _extension_and_cmdclass():
 
     ext = cpp_extension.CUDAExtension(
         name="flash_attn2_cuda",
-        sources=[os.path.join(CSRC, "flash_api.cpp"), os.path.join(CSRC, "fwd_dispatch.cpp")]
+        sources=[os.path.join(CSRC, "flash_api.cpp"), os.path.join(CSRC, "dispatch.cpp")]
         + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes)],
         include_dirs=[os.path.join(ROOT, CSRC, "include"), os.path.join(ROOT, CSRC, "kernels"), cutlass_include],
         extra_compile_args={

@@ -1,7 +1,9 @@
 // Torch bindings. The Python layer (flash_attn2/flash_attn_interface.py) validates arguments with
 // user-facing errors and allocates outputs; the checks here only guard memory safety for direct callers.
+#include <cstdint>
 #include <string>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -34,9 +36,11 @@ void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::
   }
 }
 
-void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal) {
+// Fills p's FwdParams fields from the forward's tensors after checking what memory safety needs.
+void set_fwd_params(flash_attn2::FwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& cu_seqlens_q,
+                    const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    double softmax_scale, bool causal) {
   const bool varlen = cu_seqlens_q.has_value();
   TORCH_CHECK(varlen == cu_seqlens_k.has_value(), "flash_attn2: pass both cu_seqlens_q and cu_seqlens_k, or neither");
   const int64_t dim = varlen ? 3 : 4;
@@ -51,7 +55,6 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   TORCH_CHECK(k.size(-1) == head_dim, "flash_attn2: k's head dim must equal q's");
   TORCH_CHECK(heads_k > 0 && heads % heads_k == 0, "flash_attn2: q's heads must be a multiple of k's");
 
-  flash_attn2::FwdParams p{};
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -100,16 +103,88 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
     p.lse_head_stride = lse.stride(1);
   }
   p.lse = lse.data_ptr<float>();
+}
 
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK_NOT_IMPLEMENTED(err != cudaErrorNotSupported, "flash_attn2: no forward kernel was compiled for head dim ",
-                              head_dim, " and ", q.scalar_type(),
+void check_launch(cudaError_t err, const at::Tensor& q, const char* direction) {
+  TORCH_CHECK_NOT_IMPLEMENTED(err != cudaErrorNotSupported, "flash_attn2: no ", direction,
+                              " kernel was compiled for head dim ", q.size(-1), " and ", q.scalar_type(),
                               "; rebuild with FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES covering it");
   TORCH_CHECK(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction,
               "flash_attn2 was built for ", FLASH_ATTN2_BUILT_ARCHS, ", which cannot run on ",
               q.device(), "; rebuild with FLASH_ATTN2_CUDA_ARCHS set to this GPU's compute capability");
   C10_CUDA_CHECK(err);
+}
+
+void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
+         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal) {
+  flash_attn2::FwdParams p{};
+  set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal);
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
+}
+
+// Gradients into dq (q's shape), dk and dv (k's shape). For MQA/GQA the kernel writes one dk/dv head per
+// query head into scratch tensors, and each kv head's group is summed here.
+void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+         const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, bool deterministic) {
+  flash_attn2::BwdParams p{};
+  set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal);
+  const bool varlen = cu_seqlens_q.has_value();
+  const int64_t dim = varlen ? 3 : 4;
+  check_tensor(dout, "dout", dim, q, q.scalar_type());
+  check_tensor(dq, "dq", dim, q, q.scalar_type());
+  check_tensor(dk, "dk", dim, q, q.scalar_type());
+  check_tensor(dv, "dv", dim, q, q.scalar_type());
+  TORCH_CHECK(dout.sizes() == q.sizes() && dq.sizes() == q.sizes(), "flash_attn2: dout and dq must have q's shape");
+  TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(), "flash_attn2: dk and dv must have k's shape");
+  TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
+  const c10::cuda::CUDAGuard guard(q.device());
+
+  const bool grouped = p.num_heads != p.num_heads_k;
+  at::Tensor dk_heads = dk, dv_heads = dv;
+  if (grouped) {
+    auto shape = k.sizes().vec();
+    shape[dim - 2] = p.num_heads;
+    dk_heads = at::empty(shape, k.options());
+    dv_heads = at::empty(shape, k.options());
+  }
+  const int row = varlen ? 0 : 1;
+  p.dout = dout.data_ptr();
+  p.dq = dq.data_ptr();
+  p.dk = dk_heads.data_ptr();
+  p.dv = dv_heads.data_ptr();
+  p.do_batch_stride = varlen ? 0 : dout.stride(0);
+  p.dq_batch_stride = varlen ? 0 : dq.stride(0);
+  p.dk_batch_stride = varlen ? 0 : dk_heads.stride(0);
+  p.dv_batch_stride = varlen ? 0 : dv_heads.stride(0);
+  p.do_row_stride = dout.stride(row), p.dq_row_stride = dq.stride(row);
+  p.dk_row_stride = dk_heads.stride(row), p.dv_row_stride = dv_heads.stride(row);
+  p.do_head_stride = dout.stride(-2), p.dq_head_stride = dq.stride(-2);
+  p.dk_head_stride = dk_heads.stride(-2), p.dv_head_stride = dv_heads.stride(-2);
+  p.total_q = int(varlen ? q.size(0) : q.size(0) * q.size(1));
+  TORCH_CHECK(varlen ? q.size(0) <= INT32_MAX : q.size(0) * q.size(1) <= INT32_MAX,
+              "flash_attn2: at most 2**31 - 1 query rows in total");
+  if (deterministic) {
+    p.num_splits = flash_attn2::bwd_deterministic_splits(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+  }
+  at::Tensor softmax_d = at::empty({flash_attn2::bwd_softmax_d_elems(p)}, q.options().dtype(at::kFloat));
+  const int64_t accum_elems = flash_attn2::bwd_dq_accum_elems(p);
+  TORCH_CHECK_NOT_IMPLEMENTED(accum_elems > 0, "flash_attn2: no backward kernel was compiled for head dim ",
+                              q.size(-1), " and ", q.scalar_type());
+  at::Tensor dq_accum = at::zeros({accum_elems}, q.options().dtype(at::kFloat));
+  p.softmax_d = softmax_d.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>();
+
+  check_launch(flash_attn2::run_bwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "backward");
+  if (grouped) {  // (..., heads_k, group, d) summed over the group, in a fixed order
+    auto grouped_shape = k.sizes().vec();
+    grouped_shape.insert(grouped_shape.end() - 1, p.num_heads / p.num_heads_k);
+    at::sum_out(dk, dk_heads.view(grouped_shape), {dim - 1});
+    at::sum_out(dv, dv_heads.view(grouped_shape), {dim - 1});
+  }
 }
 
 int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {
@@ -121,6 +196,7 @@ int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flash_attn2 CUDA kernels";
   m.def("fwd", &fwd, "FlashAttention-2 forward into preallocated out and softmax_lse");
+  m.def("bwd", &bwd, "FlashAttention-2 backward into preallocated dq, dk and dv");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

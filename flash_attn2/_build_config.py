@@ -113,7 +113,10 @@ def _available_memory() -> int | None:
 
 
 def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str]) -> list[str]:
-    return [os.path.join(csrc, "instantiations", f"fwd_hdim{d}_{t}.cu") for d in head_dims for t in dtypes]
+    """One file per (direction, head dim, dtype); the backward's dtype-generic helpers are always built."""
+    per_kernel = [os.path.join(csrc, "instantiations", f"{direction}_hdim{d}_{t}.cu")
+                  for direction in ("fwd", "bwd") for d in head_dims for t in dtypes]
+    return per_kernel + [os.path.join(csrc, "bwd_aux.cu")]
 
 
 class PreflightError(RuntimeError):

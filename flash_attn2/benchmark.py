@@ -30,6 +30,7 @@ SDPA_BACKENDS = {
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
 IMPLS = ("flash_attn2", *SDPA_BACKENDS)
+PASSES = ("fwd", "bwd", "fwd_bwd")
 COLUMNS = ("gpu", "impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms", "tflops")
 
 
@@ -64,15 +65,28 @@ def make_fn(impl, q, k, v, causal):
 
     def run():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
     return run
+
+
+def pass_fn(fn, pass_, inputs, dout):
+    """What one timed run does: the forward alone (no graph), the backward of one saved forward, or both."""
+    if pass_ == "fwd":
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+    if pass_ == "bwd":
+        out = fn()
+        return lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)
+    return lambda: torch.autograd.grad(fn(), inputs, dout)
 
 
 def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def run_grid(dtypes, head_dims, seqlens, causals, impls, reps, log=print):
+def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, log=print):
     gpu = torch.cuda.get_device_name()
     rows = []
     for dtype_name in dtypes:
@@ -80,23 +94,26 @@ def run_grid(dtypes, head_dims, seqlens, causals, impls, reps, log=print):
             for causal in causals:
                 for seqlen in seqlens:
                     batch, nheads = TOKENS // seqlen, HIDDEN // hdim
-                    q, k, v = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=DTYPES[dtype_name])
-                               for _ in range(3))
+                    grad = any(p != "fwd" for p in passes)
+                    q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=DTYPES[dtype_name],
+                                                 requires_grad=grad and i < 3) for i in range(4))
                     line = []
-                    for impl in impls:
-                        try:
-                            ms = median_ms(make_fn(impl, q, k, v, causal), reps=reps)
-                        except RuntimeError as e:  # a backend that does not support this shape
-                            log(f"  {impl} skipped at {dtype_name} d={hdim} causal={causal} s={seqlen}: "
-                                f"{str(e).splitlines()[0][:120]}")
-                            continue
-                        tflops = flops(batch, nheads, seqlen, hdim, causal, "fwd") / ms / 1e9
-                        rows.append(dict(gpu=gpu, impl=impl, dtype=dtype_name, hdim=hdim, causal=causal,
-                                         seqlen=seqlen, batch=batch, nheads=nheads, **{"pass": "fwd"},
-                                         ms=round(ms, 5), tflops=round(tflops, 2)))
-                        line.append(f"{impl} {tflops:6.1f}")
+                    for pass_ in passes:
+                        for impl in impls:
+                            try:
+                                ms = median_ms(pass_fn(make_fn(impl, q, k, v, causal), pass_, (q, k, v), dout),
+                                               reps=reps)
+                            except RuntimeError as e:  # a backend that does not support this shape
+                                log(f"  {impl} {pass_} skipped at {dtype_name} d={hdim} causal={causal} s={seqlen}: "
+                                    f"{str(e).splitlines()[0][:120]}")
+                                continue
+                            tflops = flops(batch, nheads, seqlen, hdim, causal, pass_) / ms / 1e9
+                            rows.append(dict(gpu=gpu, impl=impl, dtype=dtype_name, hdim=hdim, causal=causal,
+                                             seqlen=seqlen, batch=batch, nheads=nheads, **{"pass": pass_},
+                                             ms=round(ms, 5), tflops=round(tflops, 2)))
+                            line.append(f"{pass_} {impl} {tflops:6.1f}")
                     log(f"{dtype_name} d={hdim:3d} causal={causal!s:5} s={seqlen:5d}: " + " | ".join(line))
-                    del q, k, v
+                    del q, k, v, dout
     return rows
 
 
@@ -165,6 +182,7 @@ def parse_args(argv=None):
     p.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
     p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--passes", nargs="+", default=list(PASSES), choices=list(PASSES))
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
     return p.parse_args(argv)
@@ -172,7 +190,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    rows = run_grid(args.dtypes, args.hdims, args.seqlens, [c == "true" for c in args.causal], args.impls, args.reps)
+    rows = run_grid(args.dtypes, args.hdims, args.seqlens, [c == "true" for c in args.causal], args.impls, args.passes,
+                    args.reps)
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, gpu_slug(torch.cuda.get_device_name()))
     write_csv(rows, base + ".csv")

@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ._extension import load
 
@@ -114,15 +115,16 @@ def _softmax_scale(softmax_scale, head_dim: int) -> float:
 
 def _kernel_ready(x: torch.Tensor) -> torch.Tensor:
     """The kernels read 16-byte vectors: pad the head dim to a multiple of 8 (as flash-attn does) and copy
-    tensors whose strides or base address are not 16-byte aligned."""
+    tensors whose strides or base address are not 16-byte aligned (e.g. an expanded dout)."""
     if x.shape[-1] % 8:
         x = F.pad(x, (0, 8 - x.shape[-1] % 8))
-    aligned = x.data_ptr() % 16 == 0 and all(s % 8 == 0 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)
+    aligned = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(
+        s % 8 == 0 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)
     return x if aligned else x.contiguous() if not x.is_contiguous() else x.clone()
 
 
 # ----------------------------------------------------------------------------------------------------
-# One forward entry point and one autograd Function for every variant.
+# One forward and one backward entry point, and one autograd Function for every variant.
 
 
 def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
@@ -147,22 +149,53 @@ def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     return out[..., :head_dim], softmax_lse
 
 
+def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, deterministic, dq=None, dk=None, dv=None):
+    """Kernel-ready q, k, v, out (head dim a multiple of 8) and the forward's softmax_lse -> (dq, dk, dv).
+    dq / dk / dv may be preallocated (tests poison them)."""
+    dout = _kernel_ready(dout)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
+    if q.numel() and k.numel():
+        _ext.bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                 softmax_scale, causal, deterministic)
+    else:  # no queries or no keys: nothing flows
+        for grad in (dq, dk, dv):
+            grad.zero_()
+    return dq, dk, dv
+
+
 class FlashAttnFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal):
-        out, softmax_lse = _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               softmax_scale, causal)
-        ctx.mark_non_differentiable(softmax_lse)
-        return out, softmax_lse
+    """Every public variant: fixed-length (cu_seqlens None) or varlen, MHA / MQA / GQA."""
 
     @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                deterministic):
+        head_dim = q.shape[-1]
+        q, k, v = (_kernel_ready(t) for t in (q, k, v))
+        out, softmax_lse = _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               softmax_scale, causal)
+        ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
+        ctx.deterministic = deterministic
+        ctx.head_dim = head_dim
+        ctx.mark_non_differentiable(softmax_lse)
+        return out[..., :head_dim], softmax_lse
+
+    @staticmethod
+    @once_differentiable  # double backward raises "trying to differentiate twice ..."
     def backward(ctx, dout, dsoftmax_lse):
-        raise NotImplementedError("flash_attn2: the backward pass is not implemented yet; call flash_attn2 under "
-                                  "torch.no_grad() or on tensors that do not require grad")
+        q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
+        dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, *ctx.args,
+                                          deterministic)
+        d = ctx.head_dim
+        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None, None, None, None
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-               window_size, softcap, alibi_slopes, return_attn_probs, block_table=None):
+               window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
     _check_unsupported(dropout_p, softcap, alibi_slopes, block_table)
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, ndim=3 if varlen else 4)
@@ -175,7 +208,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     if not q.is_cuda:  # last, so every other check also runs on CPU tensors
         raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
     out, softmax_lse = FlashAttnFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                           causal)
+                                           causal, bool(deterministic))
     # S_dmask carries the dropout pattern in flash-attn; without dropout it is None there too.
     return (out, softmax_lse, None) if return_attn_probs else out
 
@@ -193,7 +226,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     headdim); with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q) fp32, None).
     """
     return _attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, return_attn_probs)
+                      alibi_slopes, deterministic, return_attn_probs)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
@@ -205,7 +238,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     Zero-length sequences are allowed. With return_attn_probs, softmax_lse is (nheads, total_q) fp32.
     """
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, return_attn_probs, block_table)
+                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -48,6 +48,23 @@ def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, soft
     return torch.cat(outs), torch.cat(lses, dim=-1)
 
 
+# Gradients sum over a whole sequence, so their absolute term is a little larger than the output's.
+GRAD_ATOL = 1e-4
+
+
+def reference_grads(ref_fn, inputs, dout):
+    """[(out, *grads) in float32 (the reference), (out, *grads) in the inputs' dtype (PyTorch's own)] of
+    ref_fn(*inputs, upcast) through autograd, with dout as the output's gradient."""
+    results = []
+    for upcast in (True, False):
+        leaves = [t.detach().float().requires_grad_() if upcast else t.detach().clone().requires_grad_()
+                  for t in inputs]
+        out = ref_fn(*leaves, upcast)
+        out.backward(dout.float() if upcast else dout)
+        results.append((out.detach(), *(t.grad for t in leaves)))
+    return results
+
+
 def max_error(x, ref) -> float:
     """Max absolute difference; NaN anywhere (e.g. an unwritten poisoned element) gives inf."""
     x, ref = x.float(), ref.float()

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});    // (kBlockM, D), once Q is done
 
   // Global -> shared.
-  typename Traits::GmemTiledCopyQKV gmem_copy;
+  typename Traits::GmemTiledCopyIn gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tid);
   Tensor tQgQ = gmem_thr.partition_S(gQ);                           // (CPY, CPY_M, CPY_D)
   Tensor tQsQ = gmem_thr.partition_D(sQ);                           // (CPY, CPY_M, CPY_D)
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     softmax.finalize(O, row_lse);
   }
   Tensor rO = convert_fragment<Element>(acc_o);
-  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma);
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma);
   auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
   cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
 
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
     }
   }
   __syncthreads();
-  typename Traits::GmemTiledCopyO gmem_copy_o;
+  typename Traits::GmemTiledCopyOut gmem_copy_o;
   auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
   Tensor tOsO = gmem_thr_o.partition_S(sO);                           // (CPY, CPY_M, CPY_D)
   Tensor tOgO = gmem_thr_o.partition_D(gO);                           // (CPY, CPY_M, CPY_D)

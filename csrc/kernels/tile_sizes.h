@@ -4,6 +4,8 @@
 // tile for short sequences, where more and lighter blocks fill the GPU better.
 #pragma once
 
+#include <type_traits>
+
 namespace flash_attn2 {
 
 template <int kBlockM_, int kBlockN_, int kNWarps_>
@@ -24,6 +26,23 @@ template <> struct FwdTiles<256> {
   using Short = Tile<64, 64, 4>;   // two 96 KB blocks per SM
   static constexpr int kShortMaxSeqlenQ = 2048;
 };
+
+// Backward tiles: kBlockM query rows stream past kBlockN resident key rows. The three GEMM shapes
+// spread the 8 warps differently, each warp grid given as (rows x 8 / rows): S and dP (kBlockM x
+// kBlockN) over kAtomMSdP rows of warps, dK and dV (kBlockN x D) over kAtomNdKV, dQ (kBlockM x D) over
+// kAtomMdQ. kStages buffers of Q and dO let the next block's load overlap a whole iteration.
+template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_, int kStages_>
+struct BwdTile {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = 8;
+  static constexpr int kAtomMSdP = kAtomMSdP_, kAtomNdKV = kAtomNdKV_, kAtomMdQ = kAtomMdQ_;
+  static constexpr int kStages = kStages_;
+};
+
+// FA2's SM80 choices as starting points, within 160 KB of shared memory.
+template <int kHeadDim>
+using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<128, 128, 2, 4, 4, 2>,
+                   std::conditional_t<(kHeadDim <= 128), BwdTile<64, 128, 2, 4, 4, 2>,
+                                      BwdTile<64, 64, 4, 4, 4, 1>>>;
 
 // Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.
 template <class Tiles, class = void> struct HasShortTile { static constexpr bool value = false; };

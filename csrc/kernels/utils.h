@@ -13,6 +13,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Fire-and-forget fp32 add to global memory. Spelled out because atomicAdd on a pointer the compiler
+// cannot prove global becomes a generic atomic with a compare-and-swap fallback for shared memory.
+__device__ __forceinline__ void red_add_global(float* ptr, float x) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(x) : "memory");
+}
+
 // An m16n8 accumulator row is spread over the 4 threads of a quad.
 template <class Op>
 __device__ __forceinline__ float quad_allreduce(float x, Op op) {

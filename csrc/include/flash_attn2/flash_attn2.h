@@ -44,11 +44,47 @@ struct FwdParams {
   DType dtype;
 };
 
-// The compiled head-dim bucket that serves head_dim (the smallest one >= head_dim), or 0 if none.
+// Backward pass: dq, dk, dv from dout and the forward's out and lse (all fields of FwdParams, with
+// `out` read, not written). dout/dq have q's shape; dk/dv have one head per *query* head, (batch,
+// seqlen_k, num_heads, head_dim): for MQA/GQA the caller sums each kv head's group afterwards.
+struct BwdParams : FwdParams {
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+  int total_q;  // rows of q: batch * seqlen_q, or the packed total for varlen
+
+  // fp32 workspace, contiguous: rowsum(dout * out) as (num_heads, total_q), and the zero-filled dq
+  // accumulator (max(1, num_splits), num_heads, total_q, head-dim bucket). Sizes: bwd_*_elems().
+  float* softmax_d;
+  float* dq_accum;
+  // 0: key blocks add dq with unordered atomics (fastest). > 0 (deterministic): key blocks are dealt
+  // round-robin to num_splits blocks per head, each with its own dq accumulator, summed in a fixed order.
+  int num_splits;
+};
+
+// num_splits for a deterministic backward on a GPU with num_sms multiprocessors.
+int bwd_deterministic_splits(const BwdParams& params, int num_sms);
+
+// fp32 elements of workspace needed by softmax_d and dq_accum for these params.
+int64_t bwd_softmax_d_elems(const BwdParams& params);
+int64_t bwd_dq_accum_elems(const BwdParams& params);
+
+// The compiled head-dim bucket that serves head_dim (the smallest one >= head_dim), or 0 if none. The
+// backward is compiled for the same buckets.
 int fwd_head_dim_bucket(int head_dim, DType dtype);
 
 // Enqueues the forward pass on stream. Returns cudaErrorNotSupported when no kernel was compiled for
 // (head_dim, dtype), cudaErrorInvalidValue for inconsistent params, else the launch's error.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
+
+// Enqueues the backward pass (three kernels) on stream; softmax_d and dq_accum must be set, and
+// dq_accum zero-filled. Errors as for run_fwd.
+cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace flash_attn2

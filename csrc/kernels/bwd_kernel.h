@@ -1,0 +1,272 @@
+// FlashAttention-2 backward for one (key block, batch, head): dK and dV of kBlockN keys, and their share
+// of dQ.
+//
+// K and V stay in shared memory while the query blocks that can see them stream past, kStages at a time.
+// Each step recomputes P from the forward's LSE instead of storing it:
+//   S = Q K^T -> mask -> P = exp(scale S - LSE);  dP = dO V^T;  dS = P o (dP - D),  D = rowsum(dO o O)
+//   dV += P^T dO;  dK += dS^T Q;  dQ += dS K (fp32 atomics; scale applied at the end).
+// P and dS pass through shared memory, since dV and dK contract over the query rows.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+#include "block_range.h"
+#include "flash_attn2/flash_attn2.h"
+#include "kernel_traits.h"
+#include "mask.h"
+#include "seqlen.h"
+#include "utils.h"
+
+namespace flash_attn2 {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+  const int tid = threadIdx.x;
+
+  // Blocks of one head run together and share its Q / dO through L2. Without splits, each block owns
+  // one key block; with splits (deterministic), key blocks split, split + num_splits, ... in order.
+  const int num_splits = params.num_splits > 0 ? params.num_splits : ceil_div(params.seqlen_k, kBlockN);
+  const int split = int(blockIdx.x % num_splits);
+  const int bidh = int(blockIdx.x / num_splits) % params.num_heads;
+  const int bidb = int(blockIdx.x / num_splits) / params.num_heads;
+  const int bidh_k = bidh / (params.num_heads / params.num_heads_k);
+  const SeqlenInfo seq(params, bidb);
+
+  auto rows_of = [](auto* ptr, int rows, int64_t row_stride) {  // (rows, D)
+    return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
+  };
+  auto q_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return rows_of(ptr + seq.offset_q(batch_stride, row_stride, bidb) + bidh * head_stride, seq.len_q, row_stride);
+  };
+  auto k_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int head) {
+    return rows_of(ptr + seq.offset_k(batch_stride, row_stride, bidb) + head * head_stride, seq.len_k, row_stride);
+  };
+  const auto& p = params;
+  Tensor mQ = q_rows(static_cast<const Element*>(p.q), p.q_batch_stride, p.q_row_stride, p.q_head_stride);  // (len_q, D)
+  Tensor mdO = q_rows(static_cast<const Element*>(p.dout), p.do_batch_stride, p.do_row_stride, p.do_head_stride);  // (len_q, D)
+  Tensor mK = k_rows(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride, bidh_k);  // (len_k, D)
+  Tensor mV = k_rows(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride, bidh_k);  // (len_k, D)
+  Tensor mdK = k_rows(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, bidh);  // (len_k, D)
+  Tensor mdV = k_rows(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, bidh);  // (len_k, D)
+  // This split's fp32 dQ accumulator, (num_heads, total_q, D) per split.
+  const int64_t dq_head_elems = int64_t(p.total_q) * kHeadDim;
+  Tensor mdQacc = rows_of(p.dq_accum + (p.num_splits > 0 ? split : 0) * p.num_heads * dq_head_elems +
+                              bidh * dq_head_elems + seq.offset_q(int64_t(p.seqlen_q) * kHeadDim, kHeadDim, bidb),
+                          seq.len_q, kHeadDim);  // (len_q, D)
+  const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride;
+  const float* softmax_d = p.softmax_d + int64_t(bidh) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
+  Tensor gQ = local_tile(mQ, TileQ{}, make_coord(_, 0));    // (kBlockM, D, m)
+  Tensor gdO = local_tile(mdO, TileQ{}, make_coord(_, 0));  // (kBlockM, D, m)
+
+  extern __shared__ __align__(128) char smem[];
+  constexpr int kQSize = Traits::kQSize, kKVSize = Traits::kKVSize, kPdSSize = Traits::kPdSSize;
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D), stage 0
+  Tensor sdO = make_tensor(sQ.data() + kStages * kQSize, typename Traits::SmemLayoutQ{});       // (kBlockM, D), stage 0
+  Tensor sK = make_tensor(sdO.data() + kStages * kQSize, typename Traits::SmemLayoutKV{});      // (kBlockN, D)
+  Tensor sV = make_tensor(sK.data() + kKVSize, typename Traits::SmemLayoutKV{});        // (kBlockN, D)
+  Tensor sP = make_tensor(sV.data() + kKVSize, typename Traits::SmemLayoutPdS{});       // (kBlockM, kBlockN)
+  Tensor sdS = make_tensor(sP.data() + kPdSSize, typename Traits::SmemLayoutPdS{});     // (kBlockM, kBlockN)
+  Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQt{});       // (D, kBlockM)
+  Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQt{});     // (D, kBlockM)
+  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});       // (D, kBlockN)
+  Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPdSt{});     // (kBlockN, kBlockM)
+  Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPdSt{});   // (kBlockN, kBlockM)
+  // Unswizzled shapes of the transposed operands, for sizing their register fragments.
+  Tensor sPt_frag = make_tensor(sP.data(), get_nonswizzle_portion(typename Traits::SmemLayoutPdSt{}));  // (kBlockN, kBlockM)
+  Tensor sQt_frag = make_tensor(sQ.data(), get_nonswizzle_portion(typename Traits::SmemLayoutQt{}));    // (D, kBlockM)
+  Tensor sKt_frag = make_tensor(sK.data(), get_nonswizzle_portion(typename Traits::SmemLayoutKt{}));    // (D, kBlockN)
+  // Stage s of a partitioned Q / dO buffer.
+  auto stage = [](auto const& t, int s) { return make_tensor(t.data() + s * kQSize, t.layout()); };
+
+  // Global -> shared.
+  typename Traits::GmemTiledCopyIn gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);     // (CPY, CPY_M, CPY_D, m)
+  Tensor tQsQ = gmem_thr.partition_D(sQ);     // (CPY, CPY_M, CPY_D)
+  Tensor tdOgdO = gmem_thr.partition_S(gdO);  // (CPY, CPY_M, CPY_D, m)
+  Tensor tdOsdO = gmem_thr.partition_D(sdO);  // (CPY, CPY_M, CPY_D)
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));     // (CPY, CPY_M, CPY_D) -> (row, col)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
+  auto load_q_do = [&](int m_block, int s, bool check_rows) {
+    const int rows = seq.len_q - m_block * kBlockM;
+    if (check_rows) {
+      load_tile<true>(gmem_copy, tQgQ(_, _, _, m_block), stage(tQsQ, s), tQcQ, rows, p.head_dim);
+      load_tile<true>(gmem_copy, tdOgdO(_, _, _, m_block), stage(tdOsdO, s), tQcQ, rows, p.head_dim);
+    } else {
+      load_tile<false>(gmem_copy, tQgQ(_, _, _, m_block), stage(tQsQ, s), tQcQ, rows, p.head_dim);
+      load_tile<false>(gmem_copy, tdOgdO(_, _, _, m_block), stage(tdOsdO, s), tQcQ, rows, p.head_dim);
+    }
+  };
+
+  // S = Q K^T and dP = dO V^T share one MMA layout, so P and dP pair up element by element.
+  typename Traits::TiledMmaSdP mma_sdp;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto smem_copy_a_sdp = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_sdp);
+  auto smem_copy_b_sdp = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma_sdp);
+  Tensor tSsQ = smem_copy_a_sdp.get_thread_slice(tid).partition_S(sQ);     // (CPY, CPY_M, CPY_D)
+  Tensor tdPsdO = smem_copy_a_sdp.get_thread_slice(tid).partition_S(sdO);  // (CPY, CPY_M, CPY_D)
+  Tensor tSsK = smem_copy_b_sdp.get_thread_slice(tid).partition_S(sK);     // (CPY, CPY_N, CPY_D)
+  Tensor tdPsV = smem_copy_b_sdp.get_thread_slice(tid).partition_S(sV);    // (CPY, CPY_N, CPY_D)
+  auto smem_copy_pds = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma_sdp);
+  auto smem_thr_pds = smem_copy_pds.get_thread_slice(tid);
+  Tensor tPsP = smem_thr_pds.partition_D(sP);     // (CPY, CPY_M, CPY_N)
+  Tensor tdSsdS = smem_thr_pds.partition_D(sdS);  // (CPY, CPY_M, CPY_N)
+  Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
+  constexpr int kRows = decltype(size<0>(tScS))::value;
+
+  // dV += P^T dO and dK += dS^T Q: both operands transposed out of shared memory. (Register fragments
+  // are declared where they are used: kept at this scope, the big head dims' ones went to local memory.)
+  typename Traits::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto smem_copy_a_dkv = make_tiled_copy_A(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  auto smem_copy_b_dkv = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dkv);
+  Tensor tdVsPt = smem_copy_a_dkv.get_thread_slice(tid).partition_S(sPt);    // (CPY, CPY_N, CPY_M)
+  Tensor tdKsdSt = smem_copy_a_dkv.get_thread_slice(tid).partition_S(sdSt);  // (CPY, CPY_N, CPY_M)
+  Tensor tdVsdOt = smem_copy_b_dkv.get_thread_slice(tid).partition_S(sdOt);  // (CPY, CPY_D, CPY_M)
+  Tensor tdKsQt = smem_copy_b_dkv.get_thread_slice(tid).partition_S(sQt);    // (CPY, CPY_D, CPY_M)
+  Tensor acc_dk = partition_fragment_C(mma_dkv, TileKV{});  // (MMA, MMA_N, MMA_D)
+  Tensor acc_dv = partition_fragment_C(mma_dkv, TileKV{});  // (MMA, MMA_N, MMA_D)
+
+  // dQ += dS K: dS as stored, K transposed.
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto smem_copy_a_dq = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma_dq);
+  auto smem_copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
+  Tensor tdQsdS = smem_copy_a_dq.get_thread_slice(tid).partition_S(sdS);  // (CPY, CPY_M, CPY_N)
+  Tensor tdQsKt = smem_copy_b_dq.get_thread_slice(tid).partition_S(sKt);  // (CPY, CPY_D, CPY_N)
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));      // (MMA, MMA_M, MMA_D) -> (row, col)
+
+  const Mask mask{seq.len_q, seq.len_k, p.causal};
+  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+
+  for (int n_block = split; n_block * kBlockN < seq.len_k; n_block += num_splits) {
+    const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
+    Tensor gK = local_tile(mK, TileKV{}, make_coord(n_block, 0));  // (kBlockN, D)
+    Tensor gV = local_tile(mV, TileKV{}, make_coord(n_block, 0));  // (kBlockN, D)
+    const int keys_left = seq.len_k - n_block * kBlockN;
+    clear(acc_dk);
+    clear(acc_dv);
+
+    // One query block: S, dP -> P, dS -> dV, dK, dQ. Stage s holds Q[m_block] and dO[m_block].
+    auto step = [&](int m_block, int s, auto masked) {
+      const int row0 = m_block * kBlockM;
+      // Rows past the sequence, and rows that saw no key (LSE -inf), get P = 0 through LSE = +inf.
+      float lse_log2[kRows], dsum[kRows];
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + get<0>(tScS(r, 0));
+        const float l = row < seq.len_q ? lse[row] : INFINITY;
+        lse_log2[r] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
+        dsum[r] = row < seq.len_q ? softmax_d[row] : 0.f;
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // Q, dO[m] have landed; every warp is done with the other stage, P and dS
+      if (kStages == 2 && m_block > blocks.m_min) {
+        load_q_do(m_block - 1, s ^ 1, false);
+        cp_async_fence();
+      }
+      Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});   // (MMA, MMA_M, MMA_N)
+      Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});  // (MMA, MMA_M, MMA_N)
+      clear(acc_s);
+      clear(acc_dp);
+      {
+        Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_D)
+        Tensor tSrK = thr_sdp.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_D)
+        gemm_ss(mma_sdp, acc_s, tSrQ, stage(tSsQ, s), smem_copy_a_sdp, tSrK, tSsK, smem_copy_b_sdp);
+      }
+      {
+        Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, MMA_M, MMA_D)
+        Tensor tdPrV = thr_sdp.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_D)
+        gemm_ss(mma_sdp, acc_dp, tdPrdO, stage(tdPsdO, s), smem_copy_a_sdp, tdPrV, tdPsV, smem_copy_b_sdp);
+      }
+      Tensor S = rowcol_view(acc_s);
+      Tensor dP = rowcol_view(acc_dp);
+      if constexpr (decltype(masked)::value) mask.apply(S, tScS, row0, n_block * kBlockN);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(S); ++c) {
+          S(r, c) = fast_exp2(S(r, c) * scale_log2 - lse_log2[r]);  // P
+          dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]);                // dS
+        }
+      }
+      cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
+      cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
+      __syncthreads();  // P and dS are visible to every warp
+      {
+        Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt_frag);    // (MMA, MMA_N, MMA_M)
+        Tensor tdVrdOt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
+        gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVsPt, smem_copy_a_dkv, tdVrdOt, stage(tdVsdOt, s), smem_copy_b_dkv);
+      }
+      {
+        Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPt_frag);  // (MMA, MMA_N, MMA_M)
+        Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
+        gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKsdSt, smem_copy_a_dkv, tdKrQt, stage(tdKsQt, s), smem_copy_b_dkv);
+      }
+      if (kStages == 1 && m_block > blocks.m_min) {
+        __syncthreads();  // every warp is done with Q and dO
+        load_q_do(m_block - 1, 0, false);
+        cp_async_fence();
+      }
+      Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
+      clear(acc_dq);
+      {
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (MMA, MMA_M, MMA_N)
+        Tensor tdQrKt = thr_dq.partition_fragment_B(sKt_frag);  // (MMA, MMA_D, MMA_N)
+        gemm_ss(mma_dq, acc_dq, tdQrdS, tdQsdS, smem_copy_a_dq, tdQrKt, tdQsKt, smem_copy_b_dq);
+      }
+      Tensor tdQgdQ = thr_dq.partition_C(local_tile(mdQacc, TileQ{}, make_coord(m_block, 0)));  // (MMA, MMA_M, MMA_D)
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); ++i) {
+        if (get<0>(tdQcdQ(i)) < seq.len_q - row0) red_add_global(&tdQgdQ(i), acc_dq(i));
+      }
+    };
+
+    if (blocks.m_max > blocks.m_min) {
+      load_tile<true>(gmem_copy, gmem_thr.partition_S(gK), gmem_thr.partition_D(sK), tKVcKV, keys_left, p.head_dim);
+      load_tile<true>(gmem_copy, gmem_thr.partition_S(gV), gmem_thr.partition_D(sV), tKVcKV, keys_left, p.head_dim);
+      load_q_do(blocks.m_max - 1, 0, true);
+      cp_async_fence();
+    }
+    int m_block = blocks.m_max - 1, s = 0;
+    for (; m_block >= blocks.m_min && m_block >= blocks.m_unmasked_min; --m_block, s ^= kStages - 1) {
+      step(m_block, s, false_type{});
+    }
+    for (; m_block >= blocks.m_min; --m_block, s ^= kStages - 1) step(m_block, s, true_type{});
+
+    // Epilogue: dK = scale dS^T Q; stage dK and dV through K and V's shared memory for 16-byte stores.
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+    auto smem_copy_dkv = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma_dkv);
+    auto smem_thr_dkv = smem_copy_dkv.get_thread_slice(tid);
+    __syncthreads();  // every warp is done reading K and V
+    cute::copy(smem_copy_dkv, smem_thr_dkv.retile_S(convert_fragment<Element>(acc_dk)), smem_thr_dkv.partition_D(sK));
+    cute::copy(smem_copy_dkv, smem_thr_dkv.retile_S(convert_fragment<Element>(acc_dv)), smem_thr_dkv.partition_D(sV));
+    __syncthreads();
+    typename Traits::GmemTiledCopyOut gmem_copy_out;
+    auto gmem_thr_out = gmem_copy_out.get_thread_slice(tid);
+    Tensor tdKsdK = gmem_thr_out.partition_S(sK);  // (CPY, CPY_N, CPY_D)
+    Tensor tdVsdV = gmem_thr_out.partition_S(sV);  // (CPY, CPY_N, CPY_D)
+    Tensor tdKVcdKV = gmem_thr_out.partition_D(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
+    Tensor tdKrdK = make_fragment_like(tdKsdK);
+    Tensor tdVrdV = make_fragment_like(tdVsdV);
+    cute::copy(gmem_copy_out, tdKsdK, tdKrdK);
+    cute::copy(gmem_copy_out, tdVsdV, tdVrdV);
+    Tensor gdK = local_tile(mdK, TileKV{}, make_coord(n_block, 0));  // (kBlockN, D)
+    Tensor gdV = local_tile(mdV, TileKV{}, make_coord(n_block, 0));  // (kBlockN, D)
+    store_tile(gmem_copy_out, tdKrdK, gmem_thr_out.partition_D(gdK), tdKVcdKV, keys_left, p.head_dim);
+    store_tile(gmem_copy_out, tdVrdV, gmem_thr_out.partition_D(gdV), tdKVcdKV, keys_left, p.head_dim);
+    __syncthreads();  // the next key block's loads overwrite K and V
+  }
+}
+
+}  // namespace flash_attn2

@@ -1,0 +1,34 @@
+// Launcher for one (head dim, dtype) backward main kernel; each csrc/instantiations/bwd_*.cu compiles one.
+// The preprocess (D = rowsum(dO o O)) and dQ conversion kernels around it live in csrc/bwd_aux.cu.
+#pragma once
+
+#include <climits>
+
+#include "bwd_kernel.h"
+#include "registry.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim, typename Element>
+cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
+  using Traits = BwdTraits<kHeadDim, Element, BwdTileFor<kHeadDim>>;
+  auto kernel = &bwd_kernel<Traits>;
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  // The attribute is per device, so it is set on every launch rather than cached.
+  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes)) {
+    return err;
+  }
+  const int splits = params.num_splits > 0 ? params.num_splits : (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const int64_t num_blocks = int64_t(splits) * params.num_heads * params.batch;
+  if (num_blocks == 0) return cudaSuccess;
+  if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
+  kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace flash_attn2
+
+#define FLASH_ATTN2_INSTANTIATE_BWD(HEAD_DIM, ELEMENT, DTYPE)                   \
+  namespace flash_attn2 {                                                       \
+  static const bool registered_bwd = register_bwd(HEAD_DIM, DTYPE, &launch_bwd<HEAD_DIM, ELEMENT>); \
+  }

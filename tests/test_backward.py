@@ -1,0 +1,220 @@
+"""Backward kernels against a float32 reference (GPU): gradients through autograd of the reference."""
+
+import pytest
+import torch
+
+import flash_attn2
+from flash_attn2 import flash_attn_interface as fai
+from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+from flash_attn2.testing import GRAD_ATOL, attention_ref, attention_ref_varlen, reference_grads, within_tolerance
+
+from test_forward import DTYPES, HEAD_DIMS, SEQLENS, poisoned, randn, require_kernel
+
+pytestmark = pytest.mark.gpu
+
+
+def check_grads(grads, ref, ref_pt):
+    for name, g, r, r_pt in zip(("dq", "dk", "dv"), grads, ref, ref_pt):
+        ok, err, err_pt = within_tolerance(g, r, r_pt, atol=GRAD_ATOL)
+        assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
+
+
+def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=False):
+    """Our forward + backward through the internal entry points, every output poisoned first."""
+    out, lse = _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal)
+    dq, dk, dv = (poisoned(t.shape, t.dtype) for t in (q, k, v))
+    return _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal,
+                                deterministic, dq, dk, dv)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
+def test_bwd(seqlen_q, seqlen_k, group, causal, head_dim, dtype):
+    require_kernel(head_dim, dtype)
+    batch, heads = 2, 8
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
+    k = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
+    v = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
+    dout = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
+    grads = run_backward(q, k, v, dout, None, None, seqlen_q, seqlen_k, causal)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up)[0], (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("seqlens", [
+    ([0, 17, 1, 300, 0, 129], [5, 0, 33, 300, 2, 129]),  # zero-length sequences on either side
+    ([1023], [700]),                                      # a batch of one
+])
+def test_bwd_varlen(seqlens, group, causal, head_dim, dtype):
+    require_kernel(head_dim, dtype)
+    lens_q, lens_k = seqlens
+    heads = 8
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(sum(lens_q), heads, head_dim, dtype=dtype)
+    k = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
+    v = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
+    dout = randn(*q.shape, dtype=dtype)
+    grads = run_backward(q, k, v, dout, cu_q, cu_k, max(lens_q), max(lens_k), causal)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up)[0],
+                            (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [8, 40, 59, 100, 200, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_autograd_public_api(head_dim, causal, dtype):
+    """Gradients through flash_attn_func: head dims between buckets or padded in Python, GQA, a custom
+    softmax_scale, and an expanded (stride-0) dout from out.sum()."""
+    require_kernel(head_dim, dtype)
+    q = randn(3, 113, 4, head_dim, dtype=dtype).requires_grad_()
+    k, v = (randn(3, 97, 2, head_dim, dtype=dtype).requires_grad_() for _ in range(2))
+    out = flash_attn2.flash_attn_func(q, k, v, softmax_scale=0.2, causal=causal)
+    dout = randn(*out.shape, dtype=dtype)
+    out.backward(dout)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, 0.2, upcast=up)[0], (q, k, v), dout)
+    check_grads((q.grad, k.grad, v.grad), ref[1:], ref_pt[1:])
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    flash_attn2.flash_attn_func(q, k, v, softmax_scale=0.2, causal=causal).sum().backward()
+    ones = torch.ones_like(dout)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, 0.2, upcast=up)[0], (q, k, v), ones)
+    check_grads((q.grad, k.grad, v.grad), ref[1:], ref_pt[1:])
+    assert not any(torch.equal(g, t.grad) for g, t in zip(grads, (q, k, v)))
+
+
+def test_autograd_packed_and_strided():
+    """qkvpacked gradients land in the packed tensor; (b, h, s, d) memory viewed as (b, s, h, d) works."""
+    require_kernel(64, torch.bfloat16)
+    qkv = randn(2, 200, 3, 4, 64, dtype=torch.bfloat16).requires_grad_()
+    out = flash_attn2.flash_attn_qkvpacked_func(qkv, causal=True)
+    dout = randn(2, 4, 200, 64, dtype=torch.bfloat16).transpose(1, 2)  # non-contiguous dout
+    out.backward(dout)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up)[0], qkv.unbind(2), dout)
+    check_grads(qkv.grad.unbind(2), ref[1:], ref_pt[1:])
+
+    q, k, v = (randn(2, 4, 150, 64, dtype=torch.bfloat16).transpose(1, 2).requires_grad_() for _ in range(3))
+    dout = randn(2, 150, 4, 64, dtype=torch.bfloat16)
+    flash_attn2.flash_attn_func(q, k, v).backward(dout)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, False, upcast=up)[0], (q, k, v), dout)
+    check_grads((q.grad, k.grad, v.grad), ref[1:], ref_pt[1:])
+
+
+def test_varlen_autograd_matches_internal():
+    require_kernel(128, torch.float16)
+    cu = torch.tensor([0, 100, 100, 357], device="cuda", dtype=torch.int32)
+    q, k, v = (randn(357, 4, 128, dtype=torch.float16).requires_grad_() for _ in range(3))
+    dout = randn(357, 4, 128, dtype=torch.float16)
+    flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, 257, 257, causal=True).backward(dout)
+    dq, dk, dv = run_backward(q.detach(), k.detach(), v.detach(), dout, cu, cu, 257, 257, True, deterministic=True)
+    for ours, theirs in ((q.grad, dq), (k.grad, dk), (v.grad, dv)):
+        torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=0)
+
+
+def test_double_backward_raises():
+    require_kernel(64, torch.bfloat16)
+    q, k, v = (randn(1, 16, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    out = flash_attn2.flash_attn_func(q, k, v)
+    (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.sum().backward()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("group", [1, 4])
+def test_deterministic_bitwise(group, causal):
+    """deterministic=True: 20 runs give bitwise-equal gradients. Few heads, so the key blocks split."""
+    require_kernel(128, torch.bfloat16)
+    q = randn(1, 1000, 4, 128, dtype=torch.bfloat16).requires_grad_()
+    k, v = (randn(1, 1000, 4 // group, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
+    dout = randn(1, 1000, 4, 128, dtype=torch.bfloat16)
+    first = None
+    for _ in range(20):
+        out = flash_attn2.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        if first is None:
+            first = grads
+            ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up)[0], (q, k, v), dout)
+            check_grads(grads, ref[1:], ref_pt[1:])
+        assert all(torch.equal(a, b) for a, b in zip(grads, first))
+
+
+def test_torch_deterministic_flag_is_honoured(monkeypatch):
+    """torch.use_deterministic_algorithms(True) turns on the deterministic backward."""
+    require_kernel(64, torch.bfloat16)
+    seen = []
+    real = fai._ext
+
+    class Recorder:
+        fwd = staticmethod(real.fwd)
+
+        @staticmethod
+        def bwd(*args):
+            seen.append(args[-1])
+            return real.bwd(*args)
+
+    monkeypatch.setattr(fai, "_ext", Recorder)
+    q, k, v = (randn(1, 64, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    flash_attn2.flash_attn_func(q, k, v).sum().backward()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        flash_attn2.flash_attn_func(q, k, v).sum().backward()
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert seen == [False, True]
+
+
+def test_grads_over_2_31_elements():
+    """dq/dk/dv of more than 2**31 elements each (64-bit offsets)."""
+    require_kernel(64, torch.bfloat16)
+    batch, seqlen, heads, head_dim = 8200, 256, 16, 64
+    if torch.cuda.get_device_properties(0).total_memory < 70 * 2**30:
+        pytest.skip("needs 70 GiB of GPU memory")
+    assert batch * seqlen * heads * head_dim > 2**31
+    q, k, v, dout = (randn(batch, seqlen, heads, head_dim, dtype=torch.bfloat16) for _ in range(4))
+    dq, dk, dv = run_backward(q, k, v, dout, None, None, seqlen, seqlen, True)
+    for b in (0, batch - 1):
+        sl = slice(b, b + 1)
+        ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up)[0],
+                                (q[sl], k[sl], v[sl]), dout[sl])
+        check_grads((dq[sl], dk[sl], dv[sl]), ref[1:], ref_pt[1:])
+    del q, k, v
+    assert not any(t.isnan().any() for t in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_long_sequence_memory_is_linear(deterministic):
+    """seqlen 64k, one head: the backward's extra memory stays O(seqlen * d), far from seqlen^2."""
+    require_kernel(128, torch.bfloat16)
+    seqlen, head_dim = 65536, 128
+    q, k, v = (randn(1, seqlen, 1, head_dim, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
+    dout = randn(1, seqlen, 1, head_dim, dtype=torch.bfloat16)
+    out = flash_attn2.flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - before
+    tensor_bytes = q.numel() * q.element_size()
+    # dq, dk, dv (3x), the fp32 dq accumulator(s) (2x each, up to 16 when deterministic), small scratch.
+    bound = (3 + 2 * (16 if deterministic else 1) + 1) * tensor_bytes
+    assert extra <= bound, f"backward used {extra / 2**20:.1f} MiB extra, bound {bound / 2**20:.1f} MiB"
+    assert extra < seqlen * seqlen // 64  # far below any (seqlen x seqlen) buffer
+    assert all(not g.isnan().any() for g in grads)
+    # dq of the last 256 query rows (which see every key) depends on those rows alone: check it.
+    rows = slice(seqlen - 256, seqlen)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up)[0],
+                            (q[:, rows], k, v), dout[:, rows])
+    ok, err, err_pt = within_tolerance(grads[0][:, rows], ref[1], ref_pt[1], atol=GRAD_ATOL)
+    assert ok, f"dq error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
