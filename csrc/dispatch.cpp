@@ -56,7 +56,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 }
 
 int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
-  const int64_t heads = std::max<int64_t>(1, int64_t(p.batch) * p.num_heads);
+  const int64_t heads = std::max<int64_t>(1, int64_t(p.batch) * p.num_heads_k);  // blocks per key block
   const int64_t fill = (2 * int64_t(num_sms) + heads - 1) / heads;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + kMinBlockN - 1) / kMinBlockN;
   return int(std::max<int64_t>(1, std::min<int64_t>({fill, key_blocks, kMaxSplits})));
@@ -69,11 +69,10 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
-  if (!valid_fwd(p) || p.total_q < 0 || p.num_splits < 0 || p.softmax_d == nullptr || p.dq_accum == nullptr) {
-    return cudaErrorInvalidValue;
-  }
+  if (!valid_fwd(p) || p.total_q < 0 || p.num_splits < 0) return cudaErrorInvalidValue;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0 || slot<BwdLauncher>(bucket, p.dtype) == nullptr) return cudaErrorNotSupported;
+  if (p.softmax_d == nullptr || p.dq_accum == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return err;
   if (cudaError_t err = slot<BwdLauncher>(bucket, p.dtype)(p, stream)) return err;
   return launch_bwd_convert_dq(p, bucket, stream);

@@ -124,8 +124,7 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
 }
 
-// Gradients into dq (q's shape), dk and dv (k's shape). For MQA/GQA the kernel writes one dk/dv head per
-// query head into scratch tensors, and each kv head's group is summed here.
+// Gradients into dq (q's shape), dk and dv (k's shape).
 void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
          const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
          const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
@@ -143,27 +142,19 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const bool grouped = p.num_heads != p.num_heads_k;
-  at::Tensor dk_heads = dk, dv_heads = dv;
-  if (grouped) {
-    auto shape = k.sizes().vec();
-    shape[dim - 2] = p.num_heads;
-    dk_heads = at::empty(shape, k.options());
-    dv_heads = at::empty(shape, k.options());
-  }
   const int row = varlen ? 0 : 1;
   p.dout = dout.data_ptr();
   p.dq = dq.data_ptr();
-  p.dk = dk_heads.data_ptr();
-  p.dv = dv_heads.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
   p.do_batch_stride = varlen ? 0 : dout.stride(0);
   p.dq_batch_stride = varlen ? 0 : dq.stride(0);
-  p.dk_batch_stride = varlen ? 0 : dk_heads.stride(0);
-  p.dv_batch_stride = varlen ? 0 : dv_heads.stride(0);
+  p.dk_batch_stride = varlen ? 0 : dk.stride(0);
+  p.dv_batch_stride = varlen ? 0 : dv.stride(0);
   p.do_row_stride = dout.stride(row), p.dq_row_stride = dq.stride(row);
-  p.dk_row_stride = dk_heads.stride(row), p.dv_row_stride = dv_heads.stride(row);
+  p.dk_row_stride = dk.stride(row), p.dv_row_stride = dv.stride(row);
   p.do_head_stride = dout.stride(-2), p.dq_head_stride = dq.stride(-2);
-  p.dk_head_stride = dk_heads.stride(-2), p.dv_head_stride = dv_heads.stride(-2);
+  p.dk_head_stride = dk.stride(-2), p.dv_head_stride = dv.stride(-2);
   p.total_q = int(varlen ? q.size(0) : q.size(0) * q.size(1));
   TORCH_CHECK(varlen ? q.size(0) <= INT32_MAX : q.size(0) * q.size(1) <= INT32_MAX,
               "flash_attn2: at most 2**31 - 1 query rows in total");
@@ -171,20 +162,11 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
     p.num_splits = flash_attn2::bwd_deterministic_splits(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
   }
   at::Tensor softmax_d = at::empty({flash_attn2::bwd_softmax_d_elems(p)}, q.options().dtype(at::kFloat));
-  const int64_t accum_elems = flash_attn2::bwd_dq_accum_elems(p);
-  TORCH_CHECK_NOT_IMPLEMENTED(accum_elems > 0, "flash_attn2: no backward kernel was compiled for head dim ",
-                              q.size(-1), " and ", q.scalar_type());
-  at::Tensor dq_accum = at::zeros({accum_elems}, q.options().dtype(at::kFloat));
+  at::Tensor dq_accum = at::zeros({flash_attn2::bwd_dq_accum_elems(p)}, q.options().dtype(at::kFloat));
   p.softmax_d = softmax_d.data_ptr<float>();
   p.dq_accum = dq_accum.data_ptr<float>();
 
   check_launch(flash_attn2::run_bwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "backward");
-  if (grouped) {  // (..., heads_k, group, d) summed over the group, in a fixed order
-    auto grouped_shape = k.sizes().vec();
-    grouped_shape.insert(grouped_shape.end() - 1, p.num_heads / p.num_heads_k);
-    at::sum_out(dk, dk_heads.view(grouped_shape), {dim - 1});
-    at::sum_out(dv, dv_heads.view(grouped_shape), {dim - 1});
-  }
 }
 
 int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {

@@ -6,11 +6,11 @@ are (batch, seqlen, nheads, headdim), or packed (total_tokens, nheads, headdim) 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from ._extension import load
 
@@ -166,6 +166,24 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
     return dq, dk, dv
 
 
+def _no_double_backward(backward):
+    """Like torch's @once_differentiable, but the gradients always carry a node that raises a clear error
+    when differentiated (create_graph=True), instead of silently acting as constants when dout itself
+    does not require grad."""
+    message = (b"flash_attn2: double backward (differentiating through flash_attn2's gradients, e.g. with "
+               b"create_graph=True) is not supported")
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grad_outputs):
+        with torch.no_grad():
+            grads = backward(ctx, *grad_outputs)
+        if not torch.is_grad_enabled():
+            return grads
+        error = torch._C._functions.DelayedError(message, len(grads))
+        return error(*[g.detach().requires_grad_() if g is not None else None for g in grads])
+    return wrapper
+
+
 class FlashAttnFunc(torch.autograd.Function):
     """Every public variant: fixed-length (cu_seqlens None) or varlen, MHA / MQA / GQA."""
 
@@ -184,7 +202,7 @@ class FlashAttnFunc(torch.autograd.Function):
         return out[..., :head_dim], softmax_lse
 
     @staticmethod
-    @once_differentiable  # double backward raises "trying to differentiate twice ..."
+    @_no_double_backward
     def backward(ctx, dout, dsoftmax_lse):
         q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
         deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()

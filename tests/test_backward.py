@@ -125,7 +125,7 @@ def test_double_backward_raises():
     q, k, v = (randn(1, 16, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
     out = flash_attn2.flash_attn_func(q, k, v)
     (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
+    with pytest.raises(RuntimeError, match="flash_attn2: double backward"):
         dq.sum().backward()
 
 
@@ -210,7 +210,7 @@ def test_long_sequence_memory_is_linear(deterministic):
     # dq, dk, dv (3x), the fp32 dq accumulator(s) (2x each, up to 16 when deterministic), small scratch.
     bound = (3 + 2 * (16 if deterministic else 1) + 1) * tensor_bytes
     assert extra <= bound, f"backward used {extra / 2**20:.1f} MiB extra, bound {bound / 2**20:.1f} MiB"
-    assert extra < seqlen * seqlen // 64  # far below any (seqlen x seqlen) buffer
+    assert bound < 2 * seqlen * seqlen  # so a bf16 (seqlen x seqlen) buffer could not pass
     assert all(not g.isnan().any() for g in grads)
     # dq of the last 256 query rows (which see every key) depends on those rows alone: check it.
     rows = slice(seqlen - 256, seqlen)

@@ -1,8 +1,9 @@
-// FlashAttention-2 backward for one (key block, batch, head): dK and dV of kBlockN keys, and their share
-// of dQ.
+// FlashAttention-2 backward for one (key block, batch, kv head): dK and dV of kBlockN keys, and their
+// share of dQ.
 //
-// K and V stay in shared memory while the query blocks that can see them stream past, kStages at a time.
-// Each step recomputes P from the forward's LSE instead of storing it:
+// K and V stay in shared memory while the query blocks that can see them stream past, for every query
+// head that shares this kv head (so MQA/GQA sum dK and dV in fp32 registers, not in memory). Each step
+// recomputes P from the forward's LSE instead of storing it:
 //   S = Q K^T -> mask -> P = exp(scale S - LSE);  dP = dO V^T;  dS = P o (dP - D),  D = rowsum(dO o O)
 //   dV += P^T dO;  dK += dS^T Q;  dQ += dS K (fp32 atomics; scale applied at the end).
 // P and dS pass through shared memory, since dV and dK contract over the query rows.
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
-  constexpr int kStages = Traits::kStages;
+  constexpr int kStagesdO = Traits::kStagesdO;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
@@ -36,42 +37,47 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   // one key block; with splits (deterministic), key blocks split, split + num_splits, ... in order.
   const int num_splits = params.num_splits > 0 ? params.num_splits : ceil_div(params.seqlen_k, kBlockN);
   const int split = int(blockIdx.x % num_splits);
-  const int bidh = int(blockIdx.x / num_splits) % params.num_heads;
-  const int bidb = int(blockIdx.x / num_splits) / params.num_heads;
-  const int bidh_k = bidh / (params.num_heads / params.num_heads_k);
+  const int bidh_k = int(blockIdx.x / num_splits) % params.num_heads_k;
+  const int bidb = int(blockIdx.x / num_splits) / params.num_heads_k;
+  const int group = params.num_heads / params.num_heads_k;
+  const int h0 = bidh_k * group;  // query heads h0 .. h0 + group - 1 read this kv head
   const SeqlenInfo seq(params, bidb);
 
   auto rows_of = [](auto* ptr, int rows, int64_t row_stride) {  // (rows, D)
     return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
   };
   auto q_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return rows_of(ptr + seq.offset_q(batch_stride, row_stride, bidb) + bidh * head_stride, seq.len_q, row_stride);
+    return rows_of(ptr + seq.offset_q(batch_stride, row_stride, bidb) + h0 * head_stride, seq.len_q, row_stride);
   };
-  auto k_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int head) {
-    return rows_of(ptr + seq.offset_k(batch_stride, row_stride, bidb) + head * head_stride, seq.len_k, row_stride);
+  auto k_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return rows_of(ptr + seq.offset_k(batch_stride, row_stride, bidb) + bidh_k * head_stride, seq.len_k, row_stride);
   };
   const auto& p = params;
+  // Query-side tensors start at head h0; head h adds (h - h0) head strides.
   Tensor mQ = q_rows(static_cast<const Element*>(p.q), p.q_batch_stride, p.q_row_stride, p.q_head_stride);  // (len_q, D)
   Tensor mdO = q_rows(static_cast<const Element*>(p.dout), p.do_batch_stride, p.do_row_stride, p.do_head_stride);  // (len_q, D)
-  Tensor mK = k_rows(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride, bidh_k);  // (len_k, D)
-  Tensor mV = k_rows(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride, bidh_k);  // (len_k, D)
-  Tensor mdK = k_rows(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, bidh);  // (len_k, D)
-  Tensor mdV = k_rows(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, bidh);  // (len_k, D)
+  Tensor mK = k_rows(static_cast<const Element*>(p.k), p.k_batch_stride, p.k_row_stride, p.k_head_stride);  // (len_k, D)
+  Tensor mV = k_rows(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride);  // (len_k, D)
+  Tensor mdK = k_rows(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);  // (len_k, D)
+  Tensor mdV = k_rows(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);  // (len_k, D)
   // This split's fp32 dQ accumulator, (num_heads, total_q, D) per split.
-  const int64_t dq_head_elems = int64_t(p.total_q) * kHeadDim;
-  Tensor mdQacc = rows_of(p.dq_accum + (p.num_splits > 0 ? split : 0) * p.num_heads * dq_head_elems +
-                              bidh * dq_head_elems + seq.offset_q(int64_t(p.seqlen_q) * kHeadDim, kHeadDim, bidb),
+  const int64_t dq_head_stride = int64_t(p.total_q) * kHeadDim;
+  Tensor mdQacc = rows_of(p.dq_accum + (p.num_splits > 0 ? split : 0) * p.num_heads * dq_head_stride +
+                              h0 * dq_head_stride + seq.offset_q(int64_t(p.seqlen_q) * kHeadDim, kHeadDim, bidb),
                           seq.len_q, kHeadDim);  // (len_q, D)
-  const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride;
-  const float* softmax_d = p.softmax_d + int64_t(bidh) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
+  const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + h0 * p.lse_head_stride;
+  const float* softmax_d = p.softmax_d + int64_t(h0) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
   Tensor gQ = local_tile(mQ, TileQ{}, make_coord(_, 0));    // (kBlockM, D, m)
   Tensor gdO = local_tile(mdO, TileQ{}, make_coord(_, 0));  // (kBlockM, D, m)
+  auto at_head = [](auto const& t, int dh, int64_t head_stride) {
+    return make_tensor(t.data() + dh * head_stride, t.layout());
+  };
 
   extern __shared__ __align__(128) char smem[];
   constexpr int kQSize = Traits::kQSize, kKVSize = Traits::kKVSize, kPdSSize = Traits::kPdSSize;
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D), stage 0
-  Tensor sdO = make_tensor(sQ.data() + kStages * kQSize, typename Traits::SmemLayoutQ{});       // (kBlockM, D), stage 0
-  Tensor sK = make_tensor(sdO.data() + kStages * kQSize, typename Traits::SmemLayoutKV{});      // (kBlockN, D)
+  Tensor sdO = make_tensor(sQ.data() + 2 * kQSize, typename Traits::SmemLayoutQ{});             // (kBlockM, D), stage 0
+  Tensor sK = make_tensor(sdO.data() + kStagesdO * kQSize, typename Traits::SmemLayoutKV{});    // (kBlockN, D)
   Tensor sV = make_tensor(sK.data() + kKVSize, typename Traits::SmemLayoutKV{});        // (kBlockN, D)
   Tensor sP = make_tensor(sV.data() + kKVSize, typename Traits::SmemLayoutPdS{});       // (kBlockM, kBlockN)
   Tensor sdS = make_tensor(sP.data() + kPdSSize, typename Traits::SmemLayoutPdS{});     // (kBlockM, kBlockN)
@@ -96,14 +102,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdOsdO = gmem_thr.partition_D(sdO);  // (CPY, CPY_M, CPY_D)
   Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));     // (CPY, CPY_M, CPY_D) -> (row, col)
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
-  auto load_q_do = [&](int m_block, int s, bool check_rows) {
+  // Query block m of head h0 + dh into stage s, zero-filling rows past the sequence when check_rows.
+  auto load_rows = [&](auto const& tSgS, auto const& tSsS, int64_t head_stride, int dh, int m_block, int s,
+                       bool check_rows) {
     const int rows = seq.len_q - m_block * kBlockM;
+    auto src = at_head(tSgS(_, _, _, m_block), dh, head_stride);
     if (check_rows) {
-      load_tile<true>(gmem_copy, tQgQ(_, _, _, m_block), stage(tQsQ, s), tQcQ, rows, p.head_dim);
-      load_tile<true>(gmem_copy, tdOgdO(_, _, _, m_block), stage(tdOsdO, s), tQcQ, rows, p.head_dim);
+      load_tile<true>(gmem_copy, src, stage(tSsS, s), tQcQ, rows, p.head_dim);
     } else {
-      load_tile<false>(gmem_copy, tQgQ(_, _, _, m_block), stage(tQsQ, s), tQcQ, rows, p.head_dim);
-      load_tile<false>(gmem_copy, tdOgdO(_, _, _, m_block), stage(tdOsdO, s), tQcQ, rows, p.head_dim);
+      load_tile<false>(gmem_copy, src, stage(tSsS, s), tQcQ, rows, p.head_dim);
     }
   };
 
@@ -156,22 +163,39 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     clear(acc_dk);
     clear(acc_dv);
 
-    // One query block: S, dP -> P, dS -> dV, dK, dQ. Stage s holds Q[m_block] and dO[m_block].
-    auto step = [&](int m_block, int s, auto masked) {
+    // Query blocks in visiting order: m_max - 1 down to m_min for head h0, then for h0 + 1, ...
+    struct QueryBlock { int dh, m_block; };
+    auto next_block = [&](int dh, int m_block) {
+      return m_block > blocks.m_min ? QueryBlock{dh, m_block - 1} : QueryBlock{dh + 1, blocks.m_max - 1};
+    };
+    auto load_q = [&](int dh, int m_block, int s) {
+      load_rows(tQgQ, tQsQ, p.q_head_stride, dh, m_block, s, m_block == blocks.m_max - 1);
+    };
+    auto load_do = [&](int dh, int m_block, int s) {
+      load_rows(tdOgdO, tdOsdO, p.do_head_stride, dh, m_block, s, m_block == blocks.m_max - 1);
+    };
+
+    // One query block of head h0 + dh: S, dP -> P, dS -> dV, dK, dQ. Q[m] sits in stage s, dO[m] in
+    // stage s_do.
+    auto step = [&](int dh, int m_block, int s, auto masked) {
+      const int s_do = kStagesdO == 2 ? s : 0;
       const int row0 = m_block * kBlockM;
+      const QueryBlock next = next_block(dh, m_block);
+      const bool has_next = next.dh < group;
       // Rows past the sequence, and rows that saw no key (LSE -inf), get P = 0 through LSE = +inf.
       float lse_log2[kRows], dsum[kRows];
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = row0 + get<0>(tScS(r, 0));
-        const float l = row < seq.len_q ? lse[row] : INFINITY;
+        const float l = row < seq.len_q ? lse[dh * p.lse_head_stride + row] : INFINITY;
         lse_log2[r] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
-        dsum[r] = row < seq.len_q ? softmax_d[row] : 0.f;
+        dsum[r] = row < seq.len_q ? softmax_d[dh * int64_t(p.total_q) + row] : 0.f;
       }
       cp_async_wait<0>();
-      __syncthreads();  // Q, dO[m] have landed; every warp is done with the other stage, P and dS
-      if (kStages == 2 && m_block > blocks.m_min) {
-        load_q_do(m_block - 1, s ^ 1, false);
+      __syncthreads();  // Q, dO[m] have landed; every warp is done with the other stages, P and dS
+      if (has_next) {
+        load_q(next.dh, next.m_block, s ^ 1);
+        if (kStagesdO == 2) load_do(next.dh, next.m_block, s ^ 1);
         cp_async_fence();
       }
       Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});   // (MMA, MMA_M, MMA_N)
@@ -186,7 +210,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       {
         Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, MMA_M, MMA_D)
         Tensor tdPrV = thr_sdp.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_D)
-        gemm_ss(mma_sdp, acc_dp, tdPrdO, stage(tdPsdO, s), smem_copy_a_sdp, tdPrV, tdPsV, smem_copy_b_sdp);
+        gemm_ss(mma_sdp, acc_dp, tdPrdO, stage(tdPsdO, s_do), smem_copy_a_sdp, tdPrV, tdPsV, smem_copy_b_sdp);
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
@@ -205,43 +229,53 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       {
         Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt_frag);    // (MMA, MMA_N, MMA_M)
         Tensor tdVrdOt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
-        gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVsPt, smem_copy_a_dkv, tdVrdOt, stage(tdVsdOt, s), smem_copy_b_dkv);
+        gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVsPt, smem_copy_a_dkv, tdVrdOt, stage(tdVsdOt, s_do), smem_copy_b_dkv);
+      }
+      if (kStagesdO == 1 && has_next) {
+        __syncthreads();  // every warp is done with dO
+        load_do(next.dh, next.m_block, 0);
+        cp_async_fence();
       }
       {
         Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPt_frag);  // (MMA, MMA_N, MMA_M)
         Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
         gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKsdSt, smem_copy_a_dkv, tdKrQt, stage(tdKsQt, s), smem_copy_b_dkv);
       }
-      if (kStages == 1 && m_block > blocks.m_min) {
-        __syncthreads();  // every warp is done with Q and dO
-        load_q_do(m_block - 1, 0, false);
-        cp_async_fence();
-      }
       Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
       clear(acc_dq);
       {
-        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);     // (MMA, MMA_M, MMA_N)
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);       // (MMA, MMA_M, MMA_N)
         Tensor tdQrKt = thr_dq.partition_fragment_B(sKt_frag);  // (MMA, MMA_D, MMA_N)
         gemm_ss(mma_dq, acc_dq, tdQrdS, tdQsdS, smem_copy_a_dq, tdQrKt, tdQsKt, smem_copy_b_dq);
       }
-      Tensor tdQgdQ = thr_dq.partition_C(local_tile(mdQacc, TileQ{}, make_coord(m_block, 0)));  // (MMA, MMA_M, MMA_D)
+      // Each thread holds column pairs: one 8-byte reduction per pair.
+      Tensor dQ = rowcol_view(acc_dq);                                          // (rows, cols)
+      Tensor gdQ = rowcol_view(thr_dq.partition_C(
+          at_head(local_tile(mdQacc, TileQ{}, make_coord(m_block, 0)), dh, dq_head_stride)));  // (rows, cols)
+      Tensor cdQ = rowcol_view(tdQcdQ);                                         // (rows, cols) -> (row, col)
       CUTE_UNROLL
-      for (int i = 0; i < size(acc_dq); ++i) {
-        if (get<0>(tdQcdQ(i)) < seq.len_q - row0) red_add_global(&tdQgdQ(i), acc_dq(i));
+      for (int r = 0; r < size<0>(dQ); ++r) {
+        if (get<0>(cdQ(r, 0)) >= seq.len_q - row0) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dQ); c += 2) red_add_global_x2(&gdQ(r, c), dQ(r, c), dQ(r, c + 1));
       }
     };
 
     if (blocks.m_max > blocks.m_min) {
       load_tile<true>(gmem_copy, gmem_thr.partition_S(gK), gmem_thr.partition_D(sK), tKVcKV, keys_left, p.head_dim);
       load_tile<true>(gmem_copy, gmem_thr.partition_S(gV), gmem_thr.partition_D(sV), tKVcKV, keys_left, p.head_dim);
-      load_q_do(blocks.m_max - 1, 0, true);
+      load_q(0, blocks.m_max - 1, 0);
+      load_do(0, blocks.m_max - 1, 0);
       cp_async_fence();
     }
-    int m_block = blocks.m_max - 1, s = 0;
-    for (; m_block >= blocks.m_min && m_block >= blocks.m_unmasked_min; --m_block, s ^= kStages - 1) {
-      step(m_block, s, false_type{});
+    int s = 0;
+    for (int dh = 0; dh < group; ++dh) {
+      int m_block = blocks.m_max - 1;
+      for (; m_block >= blocks.m_min && m_block >= blocks.m_unmasked_min; --m_block, s ^= 1) {
+        step(dh, m_block, s, false_type{});
+      }
+      for (; m_block >= blocks.m_min; --m_block, s ^= 1) step(dh, m_block, s, true_type{});
     }
-    for (; m_block >= blocks.m_min; --m_block, s ^= kStages - 1) step(m_block, s, true_type{});
 
     // Epilogue: dK = scale dS^T Q; stage dK and dV through K and V's shared memory for 16-byte stores.
     CUTE_UNROLL

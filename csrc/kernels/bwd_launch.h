@@ -19,7 +19,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
     return err;
   }
   const int splits = params.num_splits > 0 ? params.num_splits : (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const int64_t num_blocks = int64_t(splits) * params.num_heads * params.batch;
+  const int64_t num_blocks = int64_t(splits) * params.num_heads_k * params.batch;
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);

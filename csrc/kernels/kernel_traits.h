@@ -86,13 +86,13 @@ struct BwdTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   using Base = CommonTraits<kHeadDim, Element, Tile::kNWarps>;
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;
-  static constexpr int kStages = Tile::kStages;
+  static constexpr int kStagesdO = Tile::kStagesdO;
 
   using TiledMmaSdP = typename Base::template TiledMmaFor<Tile::kAtomMSdP>;  // (kBlockM, kBlockN) += (M, D) (N, D)^T
   using TiledMmadKV = typename Base::template TiledMmaFor<Tile::kAtomNdKV>;  // (kBlockN, D) += (M, N)^T (M, D)
   using TiledMmadQ = typename Base::template TiledMmaFor<Tile::kAtomMdQ>;    // (kBlockM, D) += (M, N) (N, D)
 
-  using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;   // also dO; kStages of each
+  using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;   // per stage; also dO
   using SmemLayoutKV = typename Base::template SmemLayoutRows<kBlockN>;
   using SmemLayoutQt = typename Base::template Transposed<SmemLayoutQ>;  // (D, kBlockM)
   using SmemLayoutKt = typename Base::template Transposed<SmemLayoutKV>;  // (D, kBlockN)
@@ -104,8 +104,8 @@ struct BwdTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   static constexpr int kQSize = cute::cosize(SmemLayoutQ{});
   static constexpr int kKVSize = cute::cosize(SmemLayoutKV{});
   static constexpr int kPdSSize = cute::cosize(SmemLayoutPdS{});
-  // kStages x (Q, dO), K, V, P, dS. The dK / dV tiles reuse K and V's space at the end.
-  static constexpr int kSmemBytes = int(sizeof(Element)) * (2 * kStages * kQSize + 2 * kKVSize + 2 * kPdSSize);
+  // 2 x Q, kStagesdO x dO, K, V, P, dS. The dK / dV tiles reuse K and V's space at the end.
+  static constexpr int kSmemBytes = int(sizeof(Element)) * ((2 + kStagesdO) * kQSize + 2 * kKVSize + 2 * kPdSSize);
 };
 
 }  // namespace flash_attn2

@@ -30,18 +30,18 @@ template <> struct FwdTiles<256> {
 // Backward tiles: kBlockM query rows stream past kBlockN resident key rows. The three GEMM shapes
 // spread the 8 warps differently, each warp grid given as (rows x 8 / rows): S and dP (kBlockM x
 // kBlockN) over kAtomMSdP rows of warps, dK and dV (kBlockN x D) over kAtomNdKV, dQ (kBlockM x D) over
-// kAtomMdQ. kStages buffers of Q and dO let the next block's load overlap a whole iteration.
-template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_, int kStages_>
+// kAtomMdQ. Q is double-buffered; dO too when kStagesdO = 2, else its next block loads once dV is done.
+template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_, int kStagesdO_>
 struct BwdTile {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = 8;
   static constexpr int kAtomMSdP = kAtomMSdP_, kAtomNdKV = kAtomNdKV_, kAtomMdQ = kAtomMdQ_;
-  static constexpr int kStages = kStages_;
+  static constexpr int kStagesdO = kStagesdO_;
 };
 
-// FA2's SM80 choices as starting points, within 160 KB of shared memory.
+// FA2's SM80 choices as starting points: 160 KB of shared memory up to head dim 128, 176 KB above.
 template <int kHeadDim>
 using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<128, 128, 2, 4, 4, 2>,
-                   std::conditional_t<(kHeadDim <= 128), BwdTile<64, 128, 2, 4, 4, 2>,
+                   std::conditional_t<(kHeadDim <= 128), BwdTile<64, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4, 2>,
                                       BwdTile<64, 64, 4, 4, 4, 1>>>;
 
 // Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.

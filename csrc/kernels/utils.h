@@ -13,10 +13,16 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Fire-and-forget fp32 add to global memory. Spelled out because atomicAdd on a pointer the compiler
-// cannot prove global becomes a generic atomic with a compare-and-swap fallback for shared memory.
-__device__ __forceinline__ void red_add_global(float* ptr, float x) {
+// Fire-and-forget fp32 adds of x to ptr[0] and y to ptr[1] (8-byte aligned) in global memory: one
+// 8-byte vector reduction on sm_90, two scalar ones before. Spelled out because atomicAdd on a pointer
+// the compiler cannot prove global becomes a generic atomic with a compare-and-swap fallback.
+__device__ __forceinline__ void red_add_global_x2(float* ptr, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(x), "f"(y) : "memory");
+#else
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(x) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 1), "f"(y) : "memory");
+#endif
 }
 
 // An m16n8 accumulator row is spread over the 4 threads of a quad.

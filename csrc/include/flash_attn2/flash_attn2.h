@@ -45,8 +45,8 @@ struct FwdParams {
 };
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse (all fields of FwdParams, with
-// `out` read, not written). dout/dq have q's shape; dk/dv have one head per *query* head, (batch,
-// seqlen_k, num_heads, head_dim): for MQA/GQA the caller sums each kv head's group afterwards.
+// `out` read, not written). dout/dq have q's shape, dk/dv k's; for MQA/GQA each kv head's gradient
+// sums over its group of query heads.
 struct BwdParams : FwdParams {
   const void* dout;
   void* dq;
