@@ -1,6 +1,5 @@
-// The backward's memory-bound kernels around the main one: D = rowsum(dO o O) before it, and the
-// conversion of the fp32 dQ accumulator(s) to the input dtype after it. Plain CUDA, any head dim at
-// runtime, so one small file serves every head dim and both dtypes.
+// The backward's preprocess, D = rowsum(dO o O) in fp32: memory-bound plain CUDA with the head dim a
+// runtime value, so one small file serves every head dim and both dtypes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -19,9 +18,6 @@ constexpr int kPreprocessLanes = 8;
 
 __device__ inline float to_float(__half x) { return __half2float(x); }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ inline T from_float(float x);
-template <> __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
 // Element offset of row `row` (of total_q) and head `head` in a (batch, seqlen, heads, d) or varlen
 // (total, heads, d) tensor.
@@ -58,36 +54,6 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
   if (valid && lane == 0) p.softmax_d[head * int64_t(p.total_q) + row] = sum;
 }
 
-// One thread per 8 columns of one (row, head); splits are summed in index order, so the result is
-// deterministic whenever each split's accumulator is.
-template <typename T>
-__global__ void __launch_bounds__(kThreads) convert_dq_kernel(const __grid_constant__ BwdParams p, int bucket) {
-  const int chunks = bucket / kVec;
-  const int64_t item = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  const int64_t head_elems = int64_t(p.total_q) * bucket;
-  if (item >= p.num_heads * head_elems / kVec) return;
-  const int col = int(item % chunks) * kVec;
-  if (col >= p.head_dim) return;
-  const int64_t row_of_heads = item / chunks;  // head * total_q + row
-  const int head = int(row_of_heads / p.total_q);
-  const int64_t row = row_of_heads % p.total_q;
-  const float* acc = p.dq_accum + row_of_heads * bucket + col;
-  float sum[kVec] = {};
-  const int splits = p.num_splits > 0 ? p.num_splits : 1;
-  for (int s = 0; s < splits; ++s, acc += p.num_heads * head_elems) {
-    const float4 lo = *reinterpret_cast<const float4*>(acc);
-    const float4 hi = *reinterpret_cast<const float4*>(acc + 4);
-    sum[0] += lo.x, sum[1] += lo.y, sum[2] += lo.z, sum[3] += lo.w;
-    sum[4] += hi.x, sum[5] += hi.y, sum[6] += hi.z, sum[7] += hi.w;
-  }
-  uint4 packed;
-  T* out = reinterpret_cast<T*>(&packed);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) out[i] = from_float<T>(sum[i] * p.softmax_scale);
-  T* dq = static_cast<T*>(p.dq) + row_offset(p, row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride) + col;
-  *reinterpret_cast<uint4*>(dq) = packed;
-}
-
 int64_t grid_for(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
 
 }  // namespace
@@ -98,15 +64,6 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = p.dtype == DType::kFloat16 ? &preprocess_kernel<__half> : &preprocess_kernel<__nv_bfloat16>;
   kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_bwd_convert_dq(const BwdParams& p, int bucket, cudaStream_t stream) {
-  const int64_t blocks = grid_for(int64_t(p.num_heads) * p.total_q * (bucket / kVec));
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = p.dtype == DType::kFloat16 ? &convert_dq_kernel<__half> : &convert_dq_kernel<__nv_bfloat16>;
-  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, bucket);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "registry.h"
+#include "tile_sizes.h"
 
 namespace flash_attn2 {
 namespace {
@@ -65,7 +66,8 @@ int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
 int64_t bwd_softmax_d_elems(const BwdParams& p) { return int64_t(p.num_heads) * p.total_q; }
 
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
-  return int64_t(std::max(1, p.num_splits)) * p.num_heads * p.total_q * fwd_head_dim_bucket(p.head_dim, p.dtype);
+  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * kDqAccumRowPad;
+  return int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * fwd_head_dim_bucket(p.head_dim, p.dtype);
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
@@ -74,8 +76,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (bucket == 0 || slot<BwdLauncher>(bucket, p.dtype) == nullptr) return cudaErrorNotSupported;
   if (p.softmax_d == nullptr || p.dq_accum == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return err;
-  if (cudaError_t err = slot<BwdLauncher>(bucket, p.dtype)(p, stream)) return err;
-  return launch_bwd_convert_dq(p, bucket, stream);
+  return slot<BwdLauncher>(bucket, p.dtype)(p, stream);
 }
 
 }  // namespace flash_attn2

@@ -22,6 +22,22 @@
 
 namespace flash_attn2 {
 
+// The fp32 dQ accumulator, per (split, head): a row space in which sequence b starts at row
+// start_b + b * kDqAccumRowPad, so every kBlockM-row tile fits. A tile is stored thread-major: value j
+// of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4, so one warp's 16-byte reductions
+// cover 512 contiguous bytes (4 L2 lines) instead of touching 8 rows each.
+template <class Traits>
+__device__ float* dq_accum_tile(const BwdParams& p, const SeqlenInfo& seq, int bidb, int split, int head, int m_block) {
+  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * kDqAccumRowPad;
+  const int64_t row0 = seq.offset_q(p.seqlen_q, 1, bidb) + int64_t(bidb) * kDqAccumRowPad + int64_t(m_block) * Traits::kBlockM;
+  return p.dq_accum + ((int64_t(split) * p.num_heads + head) * rows + row0) * Traits::kHeadDim;
+}
+
+template <class Traits>
+__device__ constexpr int dq_accum_offset(int j, int tid) {
+  return (j / 4 * Traits::kNThreads + tid) * 4 + j % 4;
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
   using namespace cute;
@@ -60,11 +76,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor mV = k_rows(static_cast<const Element*>(p.v), p.v_batch_stride, p.v_row_stride, p.v_head_stride);  // (len_k, D)
   Tensor mdK = k_rows(static_cast<Element*>(p.dk), p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);  // (len_k, D)
   Tensor mdV = k_rows(static_cast<Element*>(p.dv), p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);  // (len_k, D)
-  // This split's fp32 dQ accumulator, (num_heads, total_q, D) per split.
-  const int64_t dq_head_stride = int64_t(p.total_q) * kHeadDim;
-  Tensor mdQacc = rows_of(p.dq_accum + (p.num_splits > 0 ? split : 0) * p.num_heads * dq_head_stride +
-                              h0 * dq_head_stride + seq.offset_q(int64_t(p.seqlen_q) * kHeadDim, kHeadDim, bidb),
-                          seq.len_q, kHeadDim);  // (len_q, D)
+  const int dq_split = p.num_splits > 0 ? split : 0;
   const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + h0 * p.lse_head_stride;
   const float* softmax_d = p.softmax_d + int64_t(h0) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
   Tensor gQ = local_tile(mQ, TileQ{}, make_coord(_, 0));    // (kBlockM, D, m)
@@ -150,7 +162,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   auto smem_copy_b_dq = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma_dq);
   Tensor tdQsdS = smem_copy_a_dq.get_thread_slice(tid).partition_S(sdS);  // (CPY, CPY_M, CPY_N)
   Tensor tdQsKt = smem_copy_b_dq.get_thread_slice(tid).partition_S(sKt);  // (CPY, CPY_D, CPY_N)
-  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));      // (MMA, MMA_M, MMA_D) -> (row, col)
 
   const Mask mask{seq.len_q, seq.len_k, p.causal};
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
@@ -242,22 +253,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKsdSt, smem_copy_a_dkv, tdKrQt, stage(tdKsQt, s), smem_copy_b_dkv);
       }
       Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
+      static_assert(decltype(size(acc_dq))::value % 4 == 0);
       clear(acc_dq);
       {
         Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);       // (MMA, MMA_M, MMA_N)
         Tensor tdQrKt = thr_dq.partition_fragment_B(sKt_frag);  // (MMA, MMA_D, MMA_N)
         gemm_ss(mma_dq, acc_dq, tdQrdS, tdQsdS, smem_copy_a_dq, tdQrKt, tdQsKt, smem_copy_b_dq);
       }
-      // Each thread holds column pairs: one 8-byte reduction per pair.
-      Tensor dQ = rowcol_view(acc_dq);                                          // (rows, cols)
-      Tensor gdQ = rowcol_view(thr_dq.partition_C(
-          at_head(local_tile(mdQacc, TileQ{}, make_coord(m_block, 0)), dh, dq_head_stride)));  // (rows, cols)
-      Tensor cdQ = rowcol_view(tdQcdQ);                                         // (rows, cols) -> (row, col)
+      float* dq_tile = dq_accum_tile<Traits>(p, seq, bidb, dq_split, h0 + dh, m_block);
       CUTE_UNROLL
-      for (int r = 0; r < size<0>(dQ); ++r) {
-        if (get<0>(cdQ(r, 0)) >= seq.len_q - row0) continue;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(dQ); c += 2) red_add_global_x2(&gdQ(r, c), dQ(r, c), dQ(r, c + 1));
+      for (int j = 0; j < size(acc_dq); j += 4) {
+        red_add_global_x4(dq_tile + dq_accum_offset<Traits>(j, tid), acc_dq(j), acc_dq(j + 1), acc_dq(j + 2), acc_dq(j + 3));
       }
     };
 
@@ -301,6 +307,58 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     store_tile(gmem_copy_out, tdVrdV, gmem_thr_out.partition_D(gdV), tdKVcdKV, keys_left, p.head_dim);
     __syncthreads();  // the next key block's loads overwrite K and V
   }
+}
+
+// dQ = softmax_scale * (sum over splits of the accumulator) for one (query block, batch, head), in the
+// input dtype. The same thread layout as the main kernel's dQ MMA reads the thread-major tiles back, and
+// shared memory turns the fragments into 16-byte row stores.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __grid_constant__ BwdParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  const int tid = threadIdx.x;
+  const auto& p = params;
+  const int num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
+  const int m_block = int(blockIdx.x % num_m_blocks);
+  const int bidh = int(blockIdx.x / num_m_blocks) % p.num_heads;
+  const int bidb = int(blockIdx.x / num_m_blocks) / p.num_heads;
+  const SeqlenInfo seq(p, bidb);
+  const int rows_left = seq.len_q - m_block * kBlockM;
+  if (rows_left <= 0) return;
+
+  typename Traits::TiledMmadQ mma_dq;
+  Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_dq);
+  for (int split = 0; split < max(1, p.num_splits); ++split) {
+    const float* tile = dq_accum_tile<Traits>(p, seq, bidb, split, bidh, m_block);
+    CUTE_UNROLL
+    for (int j = 0; j < size(acc_dq); j += 4) {
+      const float4 v = *reinterpret_cast<const float4*>(tile + dq_accum_offset<Traits>(j, tid));
+      acc_dq(j) += v.x, acc_dq(j + 1) += v.y, acc_dq(j + 2) += v.z, acc_dq(j + 3) += v.w;
+    }
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= p.softmax_scale;
+
+  extern __shared__ __align__(128) char smem[];
+  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D)
+  auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma_dq);
+  auto smem_thr = smem_copy.get_thread_slice(tid);
+  cute::copy(smem_copy, smem_thr.retile_S(convert_fragment<Element>(acc_dq)), smem_thr.partition_D(sdQ));
+  __syncthreads();
+  Tensor mdQ = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dq) + seq.offset_q(p.dq_batch_stride, p.dq_row_stride, bidb) +
+                                         bidh * p.dq_head_stride),
+                           make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.dq_row_stride, _1{}));  // (len_q, D)
+  Tensor gdQ = local_tile(mdQ, TileQ{}, make_coord(m_block, 0));  // (kBlockM, D)
+  typename Traits::GmemTiledCopyOut gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tdQsdQ = gmem_thr.partition_S(sdQ);                           // (CPY, CPY_M, CPY_D)
+  Tensor tdQcdQ = gmem_thr.partition_D(make_identity_tensor(TileQ{}));  // (CPY, CPY_M, CPY_D) -> (row, col)
+  Tensor tdQrdQ = make_fragment_like(tdQsdQ);
+  cute::copy(gmem_copy, tdQsdQ, tdQrdQ);
+  store_tile(gmem_copy, tdQrdQ, gmem_thr.partition_D(gdQ), tdQcdQ, rows_left, p.head_dim);
 }
 
 }  // namespace flash_attn2

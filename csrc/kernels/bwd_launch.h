@@ -1,5 +1,6 @@
-// Launcher for one (head dim, dtype) backward main kernel; each csrc/instantiations/bwd_*.cu compiles one.
-// The preprocess (D = rowsum(dO o O)) and dQ conversion kernels around it live in csrc/bwd_aux.cu.
+// Launcher for one (head dim, dtype) backward: the main kernel and the dQ conversion that shares its
+// tile layout; each csrc/instantiations/bwd_*.cu compiles one. The preprocess (D = rowsum(dO o O))
+// before them lives in csrc/bwd_aux.cu.
 #pragma once
 
 #include <climits>
@@ -23,6 +24,14 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
+  if (cudaError_t err = cudaGetLastError()) return err;
+
+  const int64_t num_convert_blocks =
+      int64_t((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) * params.num_heads * params.batch;
+  if (num_convert_blocks == 0) return cudaSuccess;
+  if (num_convert_blocks > INT_MAX) return cudaErrorInvalidValue;
+  convert_dq_kernel<Traits><<<unsigned(num_convert_blocks), Traits::kNThreads,
+                               Traits::kQSize * sizeof(Element), stream>>>(params);
   return cudaGetLastError();
 }
 

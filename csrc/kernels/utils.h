@@ -13,15 +13,17 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// Fire-and-forget fp32 adds of x to ptr[0] and y to ptr[1] (8-byte aligned) in global memory: one
-// 8-byte vector reduction on sm_90, two scalar ones before. Spelled out because atomicAdd on a pointer
-// the compiler cannot prove global becomes a generic atomic with a compare-and-swap fallback.
-__device__ __forceinline__ void red_add_global_x2(float* ptr, float x, float y) {
+// Fire-and-forget fp32 adds of v[0..3] to ptr[0..3] (16-byte aligned) in global memory: one vector
+// reduction on sm_90, four scalar ones before. Spelled out because atomicAdd on a pointer the compiler
+// cannot prove global becomes a generic atomic with a compare-and-swap fallback.
+__device__ __forceinline__ void red_add_global_x4(float* ptr, float a, float b, float c, float d) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(x), "f"(y) : "memory");
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
 #else
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(x) : "memory");
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 1), "f"(y) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 1), "f"(b) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 2), "f"(c) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 3), "f"(d) : "memory");
 #endif
 }
 

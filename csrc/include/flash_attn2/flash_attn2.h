@@ -60,7 +60,7 @@ struct BwdParams : FwdParams {
   int total_q;  // rows of q: batch * seqlen_q, or the packed total for varlen
 
   // fp32 workspace, contiguous: rowsum(dout * out) as (num_heads, total_q), and the zero-filled dq
-  // accumulator (max(1, num_splits), num_heads, total_q, head-dim bucket). Sizes: bwd_*_elems().
+  // accumulator (its layout is the kernels' own). Sizes: bwd_*_elems().
   float* softmax_d;
   float* dq_accum;
   // 0: key blocks add dq with unordered atomics (fastest). > 0 (deterministic): key blocks are dealt
