@@ -43,7 +43,7 @@ constexpr int kDqAccumRowPad = 128;
 
 // FA2's SM80 choices as starting points: 160 KB of shared memory up to head dim 128, 176 KB above.
 template <int kHeadDim>
-using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<128, 128, 2, 4, 4, 2>,
+using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<128, 128, 4, 4, 4, 2>,
                    std::conditional_t<(kHeadDim <= 128), BwdTile<64, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4, 2>,
                                       BwdTile<64, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4, 1>>>;
 
