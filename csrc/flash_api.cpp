@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <string>
 
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
@@ -159,7 +158,9 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK(varlen ? q.size(0) <= INT32_MAX : q.size(0) * q.size(1) <= INT32_MAX,
               "flash_attn2: at most 2**31 - 1 query rows in total");
   if (deterministic) {
-    p.num_splits = flash_attn2::bwd_deterministic_splits(p, at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+    int num_sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.device().index()));
+    p.num_splits = flash_attn2::bwd_deterministic_splits(p, num_sms);
   }
   at::Tensor softmax_d = at::empty({flash_attn2::bwd_softmax_d_elems(p)}, q.options().dtype(at::kFloat));
   at::Tensor dq_accum = at::zeros({flash_attn2::bwd_dq_accum_elems(p)}, q.options().dtype(at::kFloat));
