@@ -14,6 +14,7 @@
 #include <cute/tensor.hpp>
 
 #include "block_range.h"
+#include "dq_accum.h"
 #include "flash_attn2/flash_attn2.h"
 #include "kernel_traits.h"
 #include "mask.h"
@@ -21,22 +22,6 @@
 #include "utils.h"
 
 namespace flash_attn2 {
-
-// The fp32 dQ accumulator, per (split, head): a row space in which sequence b starts at row
-// start_b + b * kDqAccumRowPad, so every kBlockM-row tile fits. A tile is stored thread-major: value j
-// of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4, so one warp's 16-byte reductions
-// cover 512 contiguous bytes (4 L2 lines) instead of touching 8 rows each.
-template <class Traits>
-__device__ float* dq_accum_tile(const BwdParams& p, const SeqlenInfo& seq, int bidb, int split, int head, int m_block) {
-  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * kDqAccumRowPad;
-  const int64_t row0 = seq.offset_q(p.seqlen_q, 1, bidb) + int64_t(bidb) * kDqAccumRowPad + int64_t(m_block) * Traits::kBlockM;
-  return p.dq_accum + ((int64_t(split) * p.num_heads + head) * rows + row0) * Traits::kHeadDim;
-}
-
-template <class Traits>
-__device__ constexpr int dq_accum_offset(int j, int tid) {
-  return (j / 4 * Traits::kNThreads + tid) * 4 + j % 4;
-}
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
@@ -307,58 +292,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     store_tile(gmem_copy_out, tdVrdV, gmem_thr_out.partition_D(gdV), tdKVcdKV, keys_left, p.head_dim);
     __syncthreads();  // the next key block's loads overwrite K and V
   }
-}
-
-// dQ = softmax_scale * (sum over splits of the accumulator) for one (query block, batch, head), in the
-// input dtype. The same thread layout as the main kernel's dQ MMA reads the thread-major tiles back, and
-// shared memory turns the fragments into 16-byte row stores.
-template <class Traits>
-__global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __grid_constant__ BwdParams params) {
-  using namespace cute;
-  using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim;
-  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
-  const int tid = threadIdx.x;
-  const auto& p = params;
-  const int num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
-  const int m_block = int(blockIdx.x % num_m_blocks);
-  const int bidh = int(blockIdx.x / num_m_blocks) % p.num_heads;
-  const int bidb = int(blockIdx.x / num_m_blocks) / p.num_heads;
-  const SeqlenInfo seq(p, bidb);
-  const int rows_left = seq.len_q - m_block * kBlockM;
-  if (rows_left <= 0) return;
-
-  typename Traits::TiledMmadQ mma_dq;
-  Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
-  clear(acc_dq);
-  for (int split = 0; split < max(1, p.num_splits); ++split) {
-    const float* tile = dq_accum_tile<Traits>(p, seq, bidb, split, bidh, m_block);
-    CUTE_UNROLL
-    for (int j = 0; j < size(acc_dq); j += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(tile + dq_accum_offset<Traits>(j, tid));
-      acc_dq(j) += v.x, acc_dq(j + 1) += v.y, acc_dq(j + 2) += v.z, acc_dq(j + 3) += v.w;
-    }
-  }
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dq); ++i) acc_dq(i) *= p.softmax_scale;
-
-  extern __shared__ __align__(128) char smem[];
-  Tensor sdQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D)
-  auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma_dq);
-  auto smem_thr = smem_copy.get_thread_slice(tid);
-  cute::copy(smem_copy, smem_thr.retile_S(convert_fragment<Element>(acc_dq)), smem_thr.partition_D(sdQ));
-  __syncthreads();
-  Tensor mdQ = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dq) + seq.offset_q(p.dq_batch_stride, p.dq_row_stride, bidb) +
-                                         bidh * p.dq_head_stride),
-                           make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.dq_row_stride, _1{}));  // (len_q, D)
-  Tensor gdQ = local_tile(mdQ, TileQ{}, make_coord(m_block, 0));  // (kBlockM, D)
-  typename Traits::GmemTiledCopyOut gmem_copy;
-  auto gmem_thr = gmem_copy.get_thread_slice(tid);
-  Tensor tdQsdQ = gmem_thr.partition_S(sdQ);                           // (CPY, CPY_M, CPY_D)
-  Tensor tdQcdQ = gmem_thr.partition_D(make_identity_tensor(TileQ{}));  // (CPY, CPY_M, CPY_D) -> (row, col)
-  Tensor tdQrdQ = make_fragment_like(tdQsdQ);
-  cute::copy(gmem_copy, tdQsdQ, tdQrdQ);
-  store_tile(gmem_copy, tdQrdQ, gmem_thr.partition_D(gdQ), tdQcdQ, rows_left, p.head_dim);
 }
 
 }  // namespace flash_attn2
