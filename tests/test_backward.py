@@ -8,7 +8,8 @@ from flash_attn2 import flash_attn_interface as fai
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import GRAD_ATOL, attention_ref, attention_ref_varlen, reference_grads, within_tolerance
 
-from test_forward import DTYPES, HEAD_DIMS, SEQLENS, poisoned, randn, require_kernel
+from test_forward import (DTYPES, HEAD_DIMS, SEQLENS, VARLEN_SEQLENS, poisoned, randn, require_kernel,
+                          varlen_inputs)
 
 pytestmark = pytest.mark.gpu
 
@@ -48,19 +49,11 @@ def test_bwd(seqlen_q, seqlen_k, group, causal, head_dim, dtype):
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 2, 8])
-@pytest.mark.parametrize("seqlens", [
-    ([0, 17, 1, 300, 0, 129], [5, 0, 33, 300, 2, 129]),  # zero-length sequences on either side
-    ([1023], [700]),                                      # a batch of one
-])
+@pytest.mark.parametrize("seqlens", VARLEN_SEQLENS)
 def test_bwd_varlen(seqlens, group, causal, head_dim, dtype):
     require_kernel(head_dim, dtype)
     lens_q, lens_k = seqlens
-    heads = 8
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
-    q = randn(sum(lens_q), heads, head_dim, dtype=dtype)
-    k = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
-    v = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
+    cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 8, group, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
     grads = run_backward(q, k, v, dout, cu_q, cu_k, max(lens_q), max(lens_k), causal)
     ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up)[0],

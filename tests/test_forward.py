@@ -28,6 +28,23 @@ def randn(*shape, dtype):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 
 
+# (lens_q, lens_k) per sequence.
+VARLEN_SEQLENS = [
+    ([0, 17, 1, 300, 0, 129], [5, 0, 33, 300, 2, 129]),  # zero-length sequences on either side
+    ([1023], [700]),                                      # a batch of one
+]
+
+
+def varlen_inputs(lens_q, lens_k, heads, group, head_dim, dtype):
+    """cu_seqlens_q, cu_seqlens_k and packed q (total_q, heads, d), k, v (total_k, heads // group, d)."""
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(sum(lens_q), heads, head_dim, dtype=dtype)
+    k = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
+    v = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
+    return cu_q, cu_k, q, k, v
+
+
 def poisoned(shape, dtype):
     return torch.full(shape, math.nan, device="cuda", dtype=dtype)
 
@@ -100,19 +117,12 @@ def test_window_that_means_causal():
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 2, 8])
-@pytest.mark.parametrize("seqlens", [
-    ([0, 17, 1, 300, 0, 129], [5, 0, 33, 300, 2, 129]),  # zero-length sequences on either side
-    ([1023], [700]),                                      # a batch of one
-])
+@pytest.mark.parametrize("seqlens", VARLEN_SEQLENS)
 def test_varlen(seqlens, group, causal, head_dim, dtype):
     require_kernel(head_dim, dtype)
     lens_q, lens_k = seqlens
     heads = 8
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
-    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
-    q = randn(sum(lens_q), heads, head_dim, dtype=dtype)
-    k = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
-    v = randn(sum(lens_k), heads // group, head_dim, dtype=dtype)
+    cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, heads, group, head_dim, dtype)
     out = poisoned(q.shape, dtype)
     lse = poisoned((heads, q.shape[0]), torch.float32)
     out, lse = _flash_attn_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), head_dim**-0.5, causal, out, lse)

@@ -44,14 +44,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const int h0 = bidh_k * group;  // query heads h0 .. h0 + group - 1 read this kv head
   const SeqlenInfo seq(params, bidb);
 
-  auto rows_of = [](auto* ptr, int rows, int64_t row_stride) {  // (rows, D)
-    return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
-  };
   auto q_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return rows_of(ptr + seq.offset_q(batch_stride, row_stride, bidb) + h0 * head_stride, seq.len_q, row_stride);
+    return gmem_rows<kHeadDim>(ptr + seq.offset_q(batch_stride, row_stride, bidb) + h0 * head_stride, seq.len_q, row_stride);
   };
   auto k_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return rows_of(ptr + seq.offset_k(batch_stride, row_stride, bidb) + bidh_k * head_stride, seq.len_k, row_stride);
+    return gmem_rows<kHeadDim>(ptr + seq.offset_k(batch_stride, row_stride, bidb) + bidh_k * head_stride, seq.len_k, row_stride);
   };
   const auto& p = params;
   // Query-side tensors start at head h0; head h adds (h - h0) head strides.

@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __g
   auto smem_thr = smem_copy.get_thread_slice(tid);
   cute::copy(smem_copy, smem_thr.retile_S(convert_fragment<Element>(acc_dq)), smem_thr.partition_D(sdQ));
   __syncthreads();
-  Tensor mdQ = make_tensor(make_gmem_ptr(static_cast<Element*>(p.dq) + seq.offset_q(p.dq_batch_stride, p.dq_row_stride, bidb) +
-                                         bidh * p.dq_head_stride),
-                           make_shape(seq.len_q, Int<kHeadDim>{}), make_stride(p.dq_row_stride, _1{}));  // (len_q, D)
+  Tensor mdQ = gmem_rows<kHeadDim>(static_cast<Element*>(p.dq) + seq.offset_q(p.dq_batch_stride, p.dq_row_stride, bidb) +
+                                       bidh * p.dq_head_stride,
+                                   seq.len_q, p.dq_row_stride);  // (len_q, D)
   Tensor gdQ = local_tile(mdQ, TileQ{}, make_coord(m_block, 0));  // (kBlockM, D)
   typename Traits::GmemTiledCopyOut gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(tid);

@@ -40,19 +40,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
   const BlockRange blocks = fwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, m_block, params.causal);
   const int rows_left = seq.len_q - m_block * kBlockM;
 
-  auto rows_of = [](auto* ptr, int rows, int64_t row_stride) {  // (rows, D)
-    return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}), make_stride(row_stride, _1{}));
-  };
-  Tensor mQ = rows_of(static_cast<const Element*>(params.q) + seq.offset_q(params.q_batch_stride, params.q_row_stride, bidb) +
+  Tensor mQ = gmem_rows<kHeadDim>(static_cast<const Element*>(params.q) + seq.offset_q(params.q_batch_stride, params.q_row_stride, bidb) +
                           bidh * params.q_head_stride,
                       seq.len_q, params.q_row_stride);  // (len_q, D)
-  Tensor mK = rows_of(static_cast<const Element*>(params.k) + seq.offset_k(params.k_batch_stride, params.k_row_stride, bidb) +
+  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + seq.offset_k(params.k_batch_stride, params.k_row_stride, bidb) +
                           bidh_k * params.k_head_stride,
                       seq.len_k, params.k_row_stride);  // (len_k, D)
-  Tensor mV = rows_of(static_cast<const Element*>(params.v) + seq.offset_k(params.v_batch_stride, params.v_row_stride, bidb) +
+  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + seq.offset_k(params.v_batch_stride, params.v_row_stride, bidb) +
                           bidh_k * params.v_head_stride,
                       seq.len_k, params.v_row_stride);  // (len_k, D)
-  Tensor mO = rows_of(static_cast<Element*>(params.out) + seq.offset_q(params.o_batch_stride, params.o_row_stride, bidb) +
+  Tensor mO = gmem_rows<kHeadDim>(static_cast<Element*>(params.out) + seq.offset_q(params.o_batch_stride, params.o_row_stride, bidb) +
                           bidh * params.o_head_stride,
                       seq.len_q, params.o_row_stride);  // (len_q, D)
   Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));   // (kBlockM, D)

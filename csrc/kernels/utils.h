@@ -68,6 +68,13 @@ __device__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
   return dst;
 }
 
+// A (rows, kCols) row-major view of global memory with a runtime row stride and contiguous columns.
+template <int kCols, class T>
+__device__ auto gmem_rows(T* ptr, int rows, int64_t row_stride) {
+  return cute::make_tensor(cute::make_gmem_ptr(ptr), cute::make_shape(rows, cute::Int<kCols>{}),
+                           cute::make_stride(row_stride, cute::_1{}));
+}
+
 // Global -> shared with cp.async. Rows >= max_rows (tested only when kCheckRows) and columns >= max_cols
 // are zero-filled instead, so padding keys and head-dim columns add nothing to either GEMM. The copy is
 // the ZFILL cp.async: a false predicate reads no bytes, so the code stays branch-free.
