@@ -1,5 +1,6 @@
-// The backward's preprocess, D = rowsum(dO o O) in fp32: memory-bound plain CUDA with the head dim a
-// runtime value, so one small file serves every head dim and both dtypes.
+// The backward's preprocess, D = rowsum(dO o O) in fp32, which also zero-fills the dQ accumulator (one
+// launch instead of a separate memset): memory-bound plain CUDA with the head dim a runtime value, so
+// one small file serves every head dim and both dtypes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -27,9 +28,10 @@ __device__ inline int64_t row_offset(const BwdParams& p, int64_t row, int head, 
   return (row / p.seqlen_q) * batch_stride + (row % p.seqlen_q) * row_stride + head * head_stride;
 }
 
-// One group of kLanes threads per (row, head); each thread reads 16 bytes of dO and O at a time.
+// One group of kLanes threads per (row, head); each thread reads 16 bytes of dO and O at a time. Then
+// the grid clears the accum_vec4 16-byte words of the dQ accumulator.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_constant__ BwdParams p, int64_t accum_vec4) {
   constexpr int kLanes = kPreprocessLanes;
   const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / kLanes;  // row * num_heads + head
   const int lane = threadIdx.x % kLanes;
@@ -52,6 +54,11 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
   if (valid && lane == 0) p.softmax_d[head * int64_t(p.total_q) + row] = sum;
+
+  float4* accum = reinterpret_cast<float4*>(p.dq_accum);
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < accum_vec4; i += int64_t(gridDim.x) * kThreads) {
+    accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 int64_t grid_for(int64_t threads) { return (threads + kThreads - 1) / kThreads; }
@@ -63,7 +70,7 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = p.dtype == DType::kFloat16 ? &preprocess_kernel<__half> : &preprocess_kernel<__nv_bfloat16>;
-  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p);
+  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, bwd_dq_accum_elems(p) / 4);
   return cudaGetLastError();
 }
 

@@ -66,8 +66,9 @@ int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
 int64_t bwd_softmax_d_elems(const BwdParams& p) { return int64_t(p.num_heads) * p.total_q; }
 
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
-  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * kDqAccumRowPad;
-  return int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * fwd_head_dim_bucket(p.head_dim, p.dtype);
+  const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
+  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * bwd_block_m(bucket);
+  return int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {

@@ -163,7 +163,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
     p.num_splits = flash_attn2::bwd_deterministic_splits(p, num_sms);
   }
   at::Tensor softmax_d = at::empty({flash_attn2::bwd_softmax_d_elems(p)}, q.options().dtype(at::kFloat));
-  at::Tensor dq_accum = at::zeros({flash_attn2::bwd_dq_accum_elems(p)}, q.options().dtype(at::kFloat));
+  at::Tensor dq_accum = at::empty({flash_attn2::bwd_dq_accum_elems(p)}, q.options().dtype(at::kFloat));
   p.softmax_d = softmax_d.data_ptr<float>();
   p.dq_accum = dq_accum.data_ptr<float>();
 

@@ -229,11 +229,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         load_do(next.dh, next.m_block, 0);
         cp_async_fence();
       }
-      {
-        Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPt_frag);  // (MMA, MMA_N, MMA_M)
-        Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
-        gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKsdSt, smem_copy_a_dkv, tdKrQt, stage(tdKsQt, s), smem_copy_b_dkv);
-      }
+      // dQ before dK: its reductions then drain while dK's MMAs run, instead of queueing in front of
+      // the next step's loads (2-4% on the backward, benchmarks/TUNING.md step 11).
       Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
       static_assert(decltype(size(acc_dq))::value % 4 == 0);
       clear(acc_dq);
@@ -246,6 +243,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       CUTE_UNROLL
       for (int j = 0; j < size(acc_dq); j += 4) {
         red_add_global_x4(dq_tile + dq_accum_offset<Traits>(j, tid), acc_dq(j), acc_dq(j + 1), acc_dq(j + 2), acc_dq(j + 3));
+      }
+      {
+        Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPt_frag);  // (MMA, MMA_N, MMA_M)
+        Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
+        gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKsdSt, smem_copy_a_dkv, tdKrQt, stage(tdKsQt, s), smem_copy_b_dkv);
       }
     };
 

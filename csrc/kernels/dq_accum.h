@@ -12,13 +12,13 @@
 namespace flash_attn2 {
 
 // The fp32 dQ accumulator, per (split, head): a row space in which sequence b starts at row
-// start_b + b * kDqAccumRowPad, so every kBlockM-row tile fits. A tile is stored thread-major: value j
+// start_b + b * kBlockM, so its last, partial kBlockM-row tile ends before the next sequence's first. A tile is stored thread-major: value j
 // of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4, so one warp's 16-byte reductions
 // cover 512 contiguous bytes (4 L2 lines) instead of touching 8 rows each.
 template <class Traits>
 __device__ float* dq_accum_tile(const BwdParams& p, const SeqlenInfo& seq, int bidb, int split, int head, int m_block) {
-  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * kDqAccumRowPad;
-  const int64_t row0 = seq.offset_q(p.seqlen_q, 1, bidb) + int64_t(bidb) * kDqAccumRowPad + int64_t(m_block) * Traits::kBlockM;
+  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * Traits::kBlockM;
+  const int64_t row0 = seq.offset_q(p.seqlen_q, 1, bidb) + (int64_t(bidb) + m_block) * Traits::kBlockM;
   return p.dq_accum + ((int64_t(split) * p.num_heads + head) * rows + row0) * Traits::kHeadDim;
 }
 

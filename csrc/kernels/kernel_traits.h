@@ -87,7 +87,7 @@ struct BwdTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;
   static constexpr int kStagesdO = Tile::kStagesdO;
-  static_assert(kBlockM <= kDqAccumRowPad, "a dQ accumulator tile must fit in a sequence's spare rows");
+  static_assert(kBlockM == bwd_block_m(kHeadDim), "the host sizes the dQ accumulator with bwd_block_m");
 
   using TiledMmaSdP = typename Base::template TiledMmaFor<Tile::kAtomMSdP>;  // (kBlockM, kBlockN) += (M, D) (N, D)^T
   using TiledMmadKV = typename Base::template TiledMmaFor<Tile::kAtomNdKV>;  // (kBlockN, D) += (M, N)^T (M, D)

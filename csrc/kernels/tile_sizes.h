@@ -38,14 +38,14 @@ struct BwdTile {
   static constexpr int kStagesdO = kStagesdO_;
 };
 
-// The fp32 dQ accumulator stores whole kBlockM-row tiles, so each sequence gets this many spare rows.
-constexpr int kDqAccumRowPad = 128;
+// Query rows per backward tile; the host sizes the dQ accumulator with it (dq_accum.h).
+constexpr int bwd_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
 
 // FA2's SM80 choices as starting points: 160 KB of shared memory up to head dim 128, 176 KB above.
-template <int kHeadDim>
-using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<128, 128, 4, 4, 4, 2>,
-                   std::conditional_t<(kHeadDim <= 128), BwdTile<64, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4, 2>,
-                                      BwdTile<64, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4, 1>>>;
+template <int kHeadDim, int kM = bwd_block_m(kHeadDim)>
+using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<kM, 128, 4, 4, 4, 2>,
+                   std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4, 2>,
+                                      BwdTile<kM, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4, 1>>>;
 
 // Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.
 template <class Tiles, class = void> struct HasShortTile { static constexpr bool value = false; };

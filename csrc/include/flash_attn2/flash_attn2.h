@@ -59,8 +59,8 @@ struct BwdParams : FwdParams {
 
   int total_q;  // rows of q: batch * seqlen_q, or the packed total for varlen
 
-  // fp32 workspace, contiguous: rowsum(dout * out) as (num_heads, total_q), and the zero-filled dq
-  // accumulator (its layout is the kernels' own). Sizes: bwd_*_elems().
+  // fp32 workspace, contiguous and 16-byte aligned, filled by run_bwd: rowsum(dout * out) as
+  // (num_heads, total_q), and the dq accumulator (its layout is the kernels' own). Sizes: bwd_*_elems().
   float* softmax_d;
   float* dq_accum;
   // 0: key blocks add dq with unordered atomics (fastest). > 0 (deterministic): key blocks are dealt
@@ -83,8 +83,8 @@ int fwd_head_dim_bucket(int head_dim, DType dtype);
 // (head_dim, dtype), cudaErrorInvalidValue for inconsistent params, else the launch's error.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Enqueues the backward pass (three kernels) on stream; softmax_d and dq_accum must be set, and
-// dq_accum zero-filled. Errors as for run_fwd.
+// Enqueues the backward pass (three kernels) on stream; softmax_d and dq_accum must point to workspace
+// of the sizes above (any contents). Errors as for run_fwd.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace flash_attn2
