@@ -12,19 +12,22 @@
 namespace flash_attn2 {
 
 // The fp32 dQ accumulator, per (split, head): a row space in which sequence b starts at row
-// start_b + b * kBlockM, so its last, partial kBlockM-row tile ends before the next sequence's first. A tile is stored thread-major: value j
-// of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4, so one warp's 16-byte reductions
-// cover 512 contiguous bytes (4 L2 lines) instead of touching 8 rows each.
+// start_b + b * kBlockM, so its last, partial kBlockM-row tile ends before the next sequence's first.
+// A tile is stored thread-major: value j of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4,
+// so one warp's 16-byte reductions cover 512 contiguous bytes (4 L2 lines) instead of touching 8 rows
+// each. This returns thread tid's base; its values j .. j + 3 (j % 4 == 0) follow at dq_accum_offset(j),
+// a compile-time offset that folds into the instruction.
 template <class Traits>
-__device__ float* dq_accum_tile(const BwdParams& p, const SeqlenInfo& seq, int bidb, int split, int head, int m_block) {
+__device__ float* dq_accum_thread(const BwdParams& p, const SeqlenInfo& seq, int bidb, int split, int head, int m_block,
+                                  int tid) {
   const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * Traits::kBlockM;
   const int64_t row0 = seq.offset_q(p.seqlen_q, 1, bidb) + (int64_t(bidb) + m_block) * Traits::kBlockM;
-  return p.dq_accum + ((int64_t(split) * p.num_heads + head) * rows + row0) * Traits::kHeadDim;
+  return p.dq_accum + ((int64_t(split) * p.num_heads + head) * rows + row0) * Traits::kHeadDim + tid * 4;
 }
 
 template <class Traits>
-__device__ constexpr int dq_accum_offset(int j, int tid) {
-  return (j / 4 * Traits::kNThreads + tid) * 4 + j % 4;
+__device__ constexpr int dq_accum_offset(int j) {
+  return j / 4 * Traits::kNThreads * 4;
 }
 
 // dQ = softmax_scale * (sum over splits of the accumulator) for one (query block, batch, head), in the
@@ -50,10 +53,10 @@ __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __g
   Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
   clear(acc_dq);
   for (int split = 0; split < max(1, p.num_splits); ++split) {
-    const float* tile = dq_accum_tile<Traits>(p, seq, bidb, split, bidh, m_block);
+    const float* thr = dq_accum_thread<Traits>(p, seq, bidb, split, bidh, m_block, tid);
     CUTE_UNROLL
     for (int j = 0; j < size(acc_dq); j += 4) {
-      const float4 v = *reinterpret_cast<const float4*>(tile + dq_accum_offset<Traits>(j, tid));
+      const float4 v = *reinterpret_cast<const float4*>(thr + dq_accum_offset<Traits>(j));
       acc_dq(j) += v.x, acc_dq(j + 1) += v.y, acc_dq(j + 2) += v.z, acc_dq(j + 3) += v.w;
     }
   }
