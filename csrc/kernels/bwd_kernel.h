@@ -28,7 +28,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
-  constexpr int kStagesdO = Traits::kStagesdO;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
@@ -71,7 +70,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   constexpr int kQSize = Traits::kQSize, kKVSize = Traits::kKVSize, kPdSSize = Traits::kPdSSize;
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D), stage 0
   Tensor sdO = make_tensor(sQ.data() + 2 * kQSize, typename Traits::SmemLayoutQ{});             // (kBlockM, D), stage 0
-  Tensor sK = make_tensor(sdO.data() + kStagesdO * kQSize, typename Traits::SmemLayoutKV{});    // (kBlockN, D)
+  Tensor sK = make_tensor(sdO.data() + 2 * kQSize, typename Traits::SmemLayoutKV{});            // (kBlockN, D)
   Tensor sV = make_tensor(sK.data() + kKVSize, typename Traits::SmemLayoutKV{});        // (kBlockN, D)
   Tensor sP = make_tensor(sV.data() + kKVSize, typename Traits::SmemLayoutPdS{});       // (kBlockM, kBlockN)
   Tensor sdS = make_tensor(sP.data() + kPdSSize, typename Traits::SmemLayoutPdS{});     // (kBlockM, kBlockN)
@@ -168,10 +167,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       load_rows(tdOgdO, tdOsdO, p.do_head_stride, dh, m_block, s, m_block == blocks.m_max - 1);
     };
 
-    // One query block of head h0 + dh: S, dP -> P, dS -> dV, dK, dQ. Q[m] sits in stage s, dO[m] in
-    // stage s_do.
+    // One query block of head h0 + dh: S, dP -> P, dS -> dV, dK, dQ. Q[m] and dO[m] sit in stage s.
     auto step = [&](int dh, int m_block, int s, auto masked) {
-      const int s_do = kStagesdO == 2 ? s : 0;
       const int row0 = m_block * kBlockM;
       const QueryBlock next = next_block(dh, m_block);
       const bool has_next = next.dh < group;
@@ -186,16 +183,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       cp_async_wait<0>();
       __syncthreads();  // Q, dO[m] have landed; every warp is done with the other stages, P and dS
-      // The next block's loads: with dO double-buffered, after dS, so that their shared-memory writes
-      // stay out of the S and dP GEMMs (+3% at d 64); with one dO buffer (d 256), right away.
-      auto load_next = [&] {
-        if (has_next) {
-          load_q(next.dh, next.m_block, s ^ 1);
-          if (kStagesdO == 2) load_do(next.dh, next.m_block, s ^ 1);
-          cp_async_fence();
-        }
-      };
-      if (kStagesdO == 1) load_next();
       Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});   // (MMA, MMA_M, MMA_N)
       Tensor acc_dp = partition_fragment_C(mma_sdp, TileS{});  // (MMA, MMA_M, MMA_N)
       clear(acc_s);
@@ -208,7 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       {
         Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, MMA_M, MMA_D)
         Tensor tdPrV = thr_sdp.partition_fragment_B(sV);    // (MMA, MMA_N, MMA_D)
-        gemm_ss(mma_sdp, acc_dp, tdPrdO, stage(tdPsdO, s_do), smem_copy_a_sdp, tdPrV, tdPsV, smem_copy_b_sdp);
+        gemm_ss(mma_sdp, acc_dp, tdPrdO, stage(tdPsdO, s), smem_copy_a_sdp, tdPrV, tdPsV, smem_copy_b_sdp);
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
@@ -223,17 +210,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
-      if (kStagesdO == 2) load_next();
+      // The next block's loads go out only now, so that their shared-memory writes stay out of the S
+      // and dP GEMMs (bwd +3% at d 64, +5% at d 256: benchmarks/TUNING.md step 12).
+      if (has_next) {
+        load_q(next.dh, next.m_block, s ^ 1);
+        load_do(next.dh, next.m_block, s ^ 1);
+        cp_async_fence();
+      }
       __syncthreads();  // P and dS are visible to every warp
       {
         Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt_frag);    // (MMA, MMA_N, MMA_M)
         Tensor tdVrdOt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
-        gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVsPt, smem_copy_a_dkv, tdVrdOt, stage(tdVsdOt, s_do), smem_copy_b_dkv);
-      }
-      if (kStagesdO == 1 && has_next) {
-        __syncthreads();  // every warp is done with dO
-        load_do(next.dh, next.m_block, 0);
-        cp_async_fence();
+        gemm_ss(mma_dkv, acc_dv, tdVrPt, tdVsPt, smem_copy_a_dkv, tdVrdOt, stage(tdVsdOt, s), smem_copy_b_dkv);
       }
       // dQ before dK: its reductions then drain while dK's MMAs run, instead of queueing in front of
       // the next step's loads (2-4% on the backward, benchmarks/TUNING.md step 11).

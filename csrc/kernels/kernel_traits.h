@@ -86,7 +86,6 @@ struct BwdTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   using Base = CommonTraits<kHeadDim, Element, Tile::kNWarps>;
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;
-  static constexpr int kStagesdO = Tile::kStagesdO;
   static_assert(kBlockM == bwd_block_m(kHeadDim), "the host sizes the dQ accumulator with bwd_block_m");
 
   using TiledMmaSdP = typename Base::template TiledMmaFor<Tile::kAtomMSdP>;  // (kBlockM, kBlockN) += (M, D) (N, D)^T
@@ -105,8 +104,8 @@ struct BwdTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   static constexpr int kQSize = cute::cosize(SmemLayoutQ{});
   static constexpr int kKVSize = cute::cosize(SmemLayoutKV{});
   static constexpr int kPdSSize = cute::cosize(SmemLayoutPdS{});
-  // 2 x Q, kStagesdO x dO, K, V, P, dS. The dK / dV tiles reuse K and V's space at the end.
-  static constexpr int kSmemBytes = int(sizeof(Element)) * ((2 + kStagesdO) * kQSize + 2 * kKVSize + 2 * kPdSSize);
+  // 2 x Q, 2 x dO, K, V, P, dS. The dK / dV tiles reuse K and V's space at the end.
+  static constexpr int kSmemBytes = int(sizeof(Element)) * (4 * kQSize + 2 * kKVSize + 2 * kPdSSize);
 };
 
 }  // namespace flash_attn2

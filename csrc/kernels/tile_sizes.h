@@ -30,22 +30,23 @@ template <> struct FwdTiles<256> {
 // Backward tiles: kBlockM query rows stream past kBlockN resident key rows. The three GEMM shapes
 // spread the 8 warps differently, each warp grid given as (rows x 8 / rows): S and dP (kBlockM x
 // kBlockN) over kAtomMSdP rows of warps, dK and dV (kBlockN x D) over kAtomNdKV, dQ (kBlockM x D) over
-// kAtomMdQ. Q is double-buffered; dO too when kStagesdO = 2, else its next block loads once dV is done.
-template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_, int kStagesdO_>
+// kAtomMdQ. Q and dO are double-buffered.
+template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_>
 struct BwdTile {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = 8;
   static constexpr int kAtomMSdP = kAtomMSdP_, kAtomNdKV = kAtomNdKV_, kAtomMdQ = kAtomMdQ_;
-  static constexpr int kStagesdO = kStagesdO_;
 };
 
 // Query rows per backward tile; the host sizes the dQ accumulator with it (dq_accum.h).
 constexpr int bwd_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
 
-// FA2's SM80 choices as starting points: 160 KB of shared memory up to head dim 128, 176 KB above.
+// FA2's SM80 tile shapes, measured on H200 (benchmarks/TUNING.md steps 6-12). Shared memory: 160 KB up
+// to head dim 128; above, 48 KB per 64 columns of head dim plus 16 KB: 184 KB at 224 and 208 KB at 256,
+// more than A100's 163 KB.
 template <int kHeadDim, int kM = bwd_block_m(kHeadDim)>
-using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<kM, 128, 4, 4, 4, 2>,
-                   std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4, 2>,
-                                      BwdTile<kM, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4, 1>>>;
+using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<kM, 128, 4, 4, 4>,
+                   std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4>,
+                                      BwdTile<kM, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4>>>;
 
 // Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.
 template <class Tiles, class = void> struct HasShortTile { static constexpr bool value = false; };
