@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
       // The next block's loads go out only now, so that their shared-memory writes stay out of the S
-      // and dP GEMMs (bwd +3% at d 64, +5% at d 256: benchmarks/TUNING.md step 12).
+      // and dP GEMMs (bwd +3% at d 64, +5% at d 256: benchmarks/TUNING.md steps 12-13).
       if (has_next) {
         load_q(next.dh, next.m_block, s ^ 1);
         load_do(next.dh, next.m_block, s ^ 1);

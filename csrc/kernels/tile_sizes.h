@@ -40,7 +40,7 @@ struct BwdTile {
 // Query rows per backward tile; the host sizes the dQ accumulator with it (dq_accum.h).
 constexpr int bwd_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
 
-// FA2's SM80 tile shapes, measured on H200 (benchmarks/TUNING.md steps 6-12). Shared memory: 160 KB up
+// FA2's SM80 tile shapes, measured on H200 (benchmarks/TUNING.md steps 6-13). Shared memory: 160 KB up
 // to head dim 128; above, 48 KB per 64 columns of head dim plus 16 KB: 184 KB at 224 and 208 KB at 256,
 // more than A100's 163 KB.
 template <int kHeadDim, int kM = bwd_block_m(kHeadDim)>
