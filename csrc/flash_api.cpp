@@ -111,6 +111,9 @@ void check_launch(cudaError_t err, const at::Tensor& q, const char* direction) {
   TORCH_CHECK(err != cudaErrorNoKernelImageForDevice && err != cudaErrorInvalidDeviceFunction,
               "flash_attn2 was built for ", FLASH_ATTN2_BUILT_ARCHS, ", which cannot run on ",
               q.device(), "; rebuild with FLASH_ATTN2_CUDA_ARCHS set to this GPU's compute capability");
+  TORCH_CHECK(err != cudaErrorLaunchOutOfResources, "flash_attn2: the ", direction, " kernel for head dim ",
+              q.size(-1), " needs more shared memory per block than ", q.device(),
+              " offers (the backward at head dims 224 and 256 needs an H100/H200-class GPU)");
   C10_CUDA_CHECK(err);
 }
 

@@ -15,10 +15,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   using Traits = BwdTraits<kHeadDim, Element, BwdTileFor<kHeadDim>>;
   auto kernel = &bwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  // The attribute is per device, so it is set on every launch rather than cached.
-  if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes)) {
-    return err;
-  }
+  if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
   const int splits = params.num_splits > 0 ? params.num_splits : (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   const int64_t num_blocks = int64_t(splits) * params.num_heads_k * params.batch;
   if (num_blocks == 0) return cudaSuccess;

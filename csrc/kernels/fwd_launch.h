@@ -12,12 +12,7 @@ template <class Traits>
 cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  // The attribute is per device, so it is set on every launch rather than cached.
-  if constexpr (kSmemBytes > 48 * 1024) {
-    if (cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes)) {
-      return err;
-    }
-  }
+  if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
   const int64_t num_blocks = int64_t((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) * params.num_heads *
                              params.batch;
   if (num_blocks == 0) return cudaSuccess;

@@ -14,4 +14,16 @@ bool register_bwd(int head_dim_bucket, DType dtype, BwdLauncher launcher);
 // softmax_d = rowsum(dout o out) in fp32, before the main kernel.
 cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 
+// Opts kernel into bytes of dynamic shared memory on the current device, or returns
+// cudaErrorLaunchOutOfResources where a block may not have that much (the backward's 208 KB at head
+// dim 256 on an A100). The attribute is per device, so launchers call this on every launch.
+template <class Kernel>
+cudaError_t allow_dynamic_smem(Kernel* kernel, int bytes) {
+  int device = 0, limit = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) return err;
+  if (bytes > limit) return cudaErrorLaunchOutOfResources;
+  return bytes > 48 * 1024 ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) : cudaSuccess;
+}
+
 }  // namespace flash_attn2
