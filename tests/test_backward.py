@@ -8,8 +8,8 @@ from flash_attn2 import flash_attn_interface as fai
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import GRAD_ATOL, attention_ref, attention_ref_varlen, reference_grads, within_tolerance
 
-from test_forward import (DTYPES, HEAD_DIMS, SEQLENS, VARLEN_SEQLENS, poisoned, randn, require_kernel,
-                          varlen_inputs)
+from test_forward import (DTYPES, HEAD_DIMS, SEQLENS, VARLEN_SEQLENS, dense_inputs, poisoned, randn,
+                          require_kernel, varlen_inputs)
 
 pytestmark = pytest.mark.gpu
 
@@ -35,11 +35,8 @@ def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
 def test_bwd(seqlen_q, seqlen_k, group, causal, head_dim, dtype):
     require_kernel(head_dim, dtype)
-    batch, heads = 2, 8
-    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
-    k = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
-    v = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
-    dout = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
+    q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, group, head_dim, dtype)
+    dout = randn(*q.shape, dtype=dtype)
     grads = run_backward(q, k, v, dout, None, None, seqlen_q, seqlen_k, causal)
     ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up)[0], (q, k, v), dout)
     check_grads(grads, ref[1:], ref_pt[1:])

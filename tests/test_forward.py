@@ -35,6 +35,14 @@ VARLEN_SEQLENS = [
 ]
 
 
+def dense_inputs(batch, seqlen_q, seqlen_k, heads, group, head_dim, dtype):
+    """q (batch, seqlen_q, heads, d), k and v (batch, seqlen_k, heads // group, d)."""
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
+    k = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
+    v = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
+    return q, k, v
+
+
 def varlen_inputs(lens_q, lens_k, heads, group, head_dim, dtype):
     """cu_seqlens_q, cu_seqlens_k and packed q (total_q, heads, d), k, v (total_k, heads // group, d)."""
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
@@ -66,9 +74,7 @@ def check(out, lse, q, k, v, causal, scale=None):
 def test_fwd(seqlen_q, seqlen_k, group, causal, head_dim, dtype):
     require_kernel(head_dim, dtype)
     batch, heads = 2, 8
-    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
-    k = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
-    v = randn(batch, seqlen_k, heads // group, head_dim, dtype=dtype)
+    q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, group, head_dim, dtype)
     out = poisoned(q.shape, dtype)
     lse = poisoned((batch, heads, seqlen_q), torch.float32)
     out, lse = _flash_attn_forward(q, k, v, None, None, seqlen_q, seqlen_k, head_dim**-0.5, causal, out, lse)
