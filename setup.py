@@ -51,7 +51,8 @@ def _extension_and_cmdclass():
         + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes)],
         include_dirs=[os.path.join(ROOT, CSRC, "include"), os.path.join(ROOT, CSRC, "kernels"), cutlass_include],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"'],
+            "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"']
+            + cfg.kernel_definitions(head_dims, dtypes),
             "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills"]
             + cfg.gencode_flags(archs),
         },

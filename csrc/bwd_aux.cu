@@ -1,14 +1,16 @@
-// The backward's preprocess, D = rowsum(dO o O) in fp32, which also zero-fills the dQ accumulator (one
-// launch instead of a separate memset): memory-bound plain CUDA with the head dim a runtime value, so
-// one small file serves every head dim and both dtypes.
+// The backward's preprocess, D = rowsum(dO o O) in fp32, which also zero-fills the dQ accumulator and, for
+// varlen, the gradient rows outside every sequence (one launch instead of separate memsets): memory-bound
+// plain CUDA with the head dim a runtime value, so one small file serves every head dim and both dtypes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
 #include "registry.h"
+#include "seqlen.h"
 
 namespace flash_attn2 {
 namespace {
@@ -55,9 +57,23 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
   for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
   if (valid && lane == 0) p.softmax_d[head * int64_t(p.total_q) + row] = sum;
 
+  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * kThreads;
   float4* accum = reinterpret_cast<float4*>(p.dq_accum);
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < accum_vec4; i += int64_t(gridDim.x) * kThreads) {
-    accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t i = first; i < accum_vec4; i += stride) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+
+  // Rows outside every sequence take no part in the loss: zero gradients. (The kernels write the rest.)
+  if (p.cu_seqlens_q != nullptr) {
+    const UncoveredRows rows(p.cu_seqlens_q, p.batch, p.total_q);
+    for (int h = 0; h < p.num_heads; ++h) {
+      rows.zero_fill(static_cast<T*>(p.dq) + h * p.dq_head_stride, p.dq_row_stride, p.head_dim, nullptr, first, stride);
+    }
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    const UncoveredRows rows(p.cu_seqlens_k, p.batch, p.total_k);
+    for (int h = 0; h < p.num_heads_k; ++h) {
+      rows.zero_fill(static_cast<T*>(p.dk) + h * p.dk_head_stride, p.dk_row_stride, p.head_dim, nullptr, first, stride);
+      rows.zero_fill(static_cast<T*>(p.dv) + h * p.dv_head_stride, p.dv_row_stride, p.head_dim, nullptr, first, stride);
+    }
   }
 }
 
@@ -66,8 +82,8 @@ int64_t grid_for(int64_t threads) { return (threads + kThreads - 1) / kThreads; 
 }  // namespace
 
 cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
-  const int64_t blocks = grid_for(int64_t(p.num_heads) * p.total_q * kPreprocessLanes);
-  if (blocks == 0) return cudaSuccess;
+  // At least one block: with no query rows there may still be key rows to zero-fill.
+  const int64_t blocks = std::max<int64_t>(1, grid_for(int64_t(p.num_heads) * p.total_q * kPreprocessLanes));
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = p.dtype == DType::kFloat16 ? &preprocess_kernel<__half> : &preprocess_kernel<__nv_bfloat16>;
   kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, bwd_dq_accum_elems(p) / 4);

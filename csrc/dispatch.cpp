@@ -1,59 +1,121 @@
-// run_fwd() / run_bwd(): pick the compiled kernel for (head dim bucket, dtype). Torch-free, like the kernels.
+// run_fwd() / run_bwd(): check the params, then pick the compiled kernel for (head dim bucket, dtype) from
+// an explicit table. Torch-free, like the kernels.
 #include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <utility>
 
 #include "flash_attn2/flash_attn2.h"
 #include "registry.h"
 #include "tile_sizes.h"
+
+// The build names the instantiated kernels (csrc/instantiations/): head-dim buckets and dtypes.
+#if !defined(FLASH_ATTN2_COMPILED_HEAD_DIMS) || !defined(FLASH_ATTN2_COMPILED_FP16) || !defined(FLASH_ATTN2_COMPILED_BF16)
+#error "the build defines FLASH_ATTN2_COMPILED_HEAD_DIMS (e.g. 64,128), FLASH_ATTN2_COMPILED_FP16 and _BF16 (0 or 1)"
+#endif
 
 namespace flash_attn2 {
 namespace {
 
 constexpr int kBucketStep = 32;
 constexpr int kNumBuckets = 256 / kBucketStep;  // head dims 32, 64, ..., 256
+constexpr int kCompiledHeadDims[] = {FLASH_ATTN2_COMPILED_HEAD_DIMS};
 // Deterministic backward: at most this many dq accumulators (memory), at least every key block of
 // kMinBlockN rows its own split when the heads alone cannot fill the GPU.
 constexpr int kMaxSplits = 16;
 constexpr int kMinBlockN = 64;
 
-template <class Launcher>
-Launcher& slot(int bucket, DType dtype) {
-  static Launcher table[2][kNumBuckets] = {};
-  return table[int(dtype)][bucket / kBucketStep - 1];
+constexpr bool compiled(int head_dim, DType dtype) {
+  if (!(dtype == DType::kFloat16 ? FLASH_ATTN2_COMPILED_FP16 : FLASH_ATTN2_COMPILED_BF16)) return false;
+  for (int d : kCompiledHeadDims) {
+    if (d == head_dim) return true;
+  }
+  return false;
 }
 
-bool valid_dtype(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+struct Kernels {
+  FwdLauncher fwd;
+  BwdLauncher bwd;
+};
 
-bool valid_fwd(const FwdParams& p) {
-  return p.batch >= 0 && p.num_heads > 0 && p.num_heads_k > 0 && p.num_heads % p.num_heads_k == 0 &&
-         p.head_dim > 0 && p.head_dim % 8 == 0 && p.seqlen_q >= 0 && p.seqlen_k >= 0 && p.softmax_scale >= 0.f &&
-         (p.cu_seqlens_q == nullptr) == (p.cu_seqlens_k == nullptr);
+// Naming launch_fwd<D, T> instantiates nothing here: the reference binds to the explicit instantiation
+// in csrc/instantiations/, and only compiled pairs are named.
+template <int kHeadDim, DType kDType>
+constexpr Kernels kernels_for() {
+  if constexpr (compiled(kHeadDim, kDType)) {
+    return {&launch_fwd<kHeadDim, kDType>, &launch_bwd<kHeadDim, kDType>};
+  } else {
+    return {nullptr, nullptr};
+  }
+}
+
+template <DType kDType, size_t... kBucket>
+constexpr std::array<Kernels, kNumBuckets> kernel_row(std::index_sequence<kBucket...>) {
+  return {kernels_for<kBucketStep * (int(kBucket) + 1), kDType>()...};
+}
+
+constexpr std::array<std::array<Kernels, kNumBuckets>, 2> kTable = {
+    kernel_row<DType::kFloat16>(std::make_index_sequence<kNumBuckets>{}),
+    kernel_row<DType::kBFloat16>(std::make_index_sequence<kNumBuckets>{}),
+};
+
+const Kernels& kernels(int bucket, DType dtype) { return kTable[int(dtype)][bucket / kBucketStep - 1]; }
+
+thread_local std::string last_error;
+
+cudaError_t fail(cudaError_t err, std::string message) {
+  last_error = std::move(message);
+  return err;
+}
+
+// Why p cannot be run, or "" when it can.
+std::string fwd_params_problem(const FwdParams& p) {
+  if (p.version != FLASH_ATTN2_PARAMS_VERSION || p.size != sizeof(FwdParams)) {
+    return "params come from another flash_attn2.h (version " + std::to_string(p.version) + ", " +
+           std::to_string(p.size) + " bytes; this library: version " + std::to_string(FLASH_ATTN2_PARAMS_VERSION) +
+           ", " + std::to_string(sizeof(FwdParams)) + " bytes): rebuild against this library's header";
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype must be kFloat16 or kBFloat16";
+  if (!p.q || !p.k || !p.v || !p.out || !p.lse) return "q, k, v, out and lse must be set";
+  if (p.batch < 0 || p.num_heads <= 0 || p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
+    return "batch must be >= 0 and num_heads a positive multiple of num_heads_k > 0";
+  }
+  if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return "head_dim must be a multiple of 8 in 8..256";
+  if (p.seqlen_q < 0 || p.seqlen_k < 0 || p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
+    return "seqlen_q and seqlen_k must be in 0..kMaxSeqlen";
+  }
+  if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f)) return "softmax_scale must be positive and finite";
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen ? (p.total_q < 0 || p.total_k < 0 || p.total_q > kMaxSeqlen || p.total_k > kMaxSeqlen)
+             : (p.total_q != int64_t(p.batch) * p.seqlen_q || p.total_k != int64_t(p.batch) * p.seqlen_k)) {
+    return varlen ? "total_q and total_k must be in 0..kMaxSeqlen"
+                  : "total_q and total_k must be batch * seqlen_q and batch * seqlen_k";
+  }
+  return "";
 }
 
 }  // namespace
 
-bool register_fwd(int head_dim_bucket, DType dtype, FwdLauncher launcher) {
-  slot<FwdLauncher>(head_dim_bucket, dtype) = launcher;
-  return true;
-}
-
-bool register_bwd(int head_dim_bucket, DType dtype, BwdLauncher launcher) {
-  slot<BwdLauncher>(head_dim_bucket, dtype) = launcher;
-  return true;
-}
+const char* last_error_message() { return last_error.c_str(); }
 
 int fwd_head_dim_bucket(int head_dim, DType dtype) {
-  if (!valid_dtype(dtype) || head_dim <= 0) return 0;
+  if ((dtype != DType::kFloat16 && dtype != DType::kBFloat16) || head_dim <= 0) return 0;
   for (int bucket = kBucketStep; bucket <= kNumBuckets * kBucketStep; bucket += kBucketStep) {
-    if (bucket >= head_dim && slot<FwdLauncher>(bucket, dtype) != nullptr) return bucket;
+    if (bucket >= head_dim && kernels(bucket, dtype).fwd != nullptr) return bucket;
   }
   return 0;
 }
 
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
-  if (!valid_fwd(p)) return cudaErrorInvalidValue;
+  last_error.clear();
+  const std::string problem = fwd_params_problem(p);
+  if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
-  if (bucket == 0) return cudaErrorNotSupported;
-  return slot<FwdLauncher>(bucket, p.dtype)(p, stream);
+  if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
+  if (cudaError_t err = kernels(bucket, p.dtype).fwd(p, stream)) return fail(err, cudaGetErrorString(err));
+  return cudaSuccess;
 }
 
 int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
@@ -67,17 +129,27 @@ int64_t bwd_softmax_d_elems(const BwdParams& p) { return int64_t(p.num_heads) * 
 
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
-  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * bwd_block_m(bucket);
+  const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   return int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
-  if (!valid_fwd(p) || p.total_q < 0 || p.num_splits < 0) return cudaErrorInvalidValue;
+  last_error.clear();
+  std::string problem = fwd_params_problem(p);
+  if (problem.empty() && p.bwd_size != sizeof(BwdParams)) {
+    problem = "BwdParams come from another flash_attn2.h (" + std::to_string(p.bwd_size) + " bytes; this library: " +
+              std::to_string(sizeof(BwdParams)) + "): rebuild against this library's header";
+  }
+  if (problem.empty() && (!p.dout || !p.dq || !p.dk || !p.dv || !p.softmax_d || !p.dq_accum)) {
+    problem = "dout, dq, dk, dv, softmax_d and dq_accum must be set";
+  }
+  if (problem.empty() && p.num_splits < 0) problem = "num_splits must be >= 0";
+  if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
-  if (bucket == 0 || slot<BwdLauncher>(bucket, p.dtype) == nullptr) return cudaErrorNotSupported;
-  if (p.softmax_d == nullptr || p.dq_accum == nullptr) return cudaErrorInvalidValue;
-  if (cudaError_t err = launch_bwd_preprocess(p, stream)) return err;
-  return slot<BwdLauncher>(bucket, p.dtype)(p, stream);
+  if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
+  if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
+  if (cudaError_t err = kernels(bucket, p.dtype).bwd(p, stream)) return fail(err, cudaGetErrorString(err));
+  return cudaSuccess;
 }
 
 }  // namespace flash_attn2

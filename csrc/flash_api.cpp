@@ -1,58 +1,81 @@
-// Torch bindings. The Python layer (flash_attn2/flash_attn_interface.py) validates arguments with
-// user-facing errors and allocates outputs; the checks here only guard memory safety for direct callers.
+// Torch binding: the ops flash_attn2::fwd and flash_attn2::bwd, with CUDA kernels and the autograd formula
+// registered on the op in C++ (their fake-tensor implementations are in flash_attn2/_ops.py), and the
+// out-variants the tests use to poison outputs. The Python layer (flash_attn2/flash_attn_interface.py)
+// validates arguments with user-facing errors; the checks here guard memory safety for direct callers.
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include "flash_attn2/flash_attn2.h"
 
 namespace {
 
 using flash_attn2::DType;
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
 
 #ifndef FLASH_ATTN2_BUILT_ARCHS
 #error "setup.py defines FLASH_ATTN2_BUILT_ARCHS"
 #endif
 
-DType dtype_of(const at::Tensor& t) {
+DType dtype_of(const Tensor& t) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
                    "flash_attn2: q must be float16 or bfloat16, got ", t.scalar_type());
   return t.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
 }
 
-void check_tensor(const at::Tensor& t, const char* name, int64_t dim, const at::Tensor& q, at::ScalarType dtype) {
+// The kernels read 16-byte vectors: a contiguous last dim, other strides in multiples of 8 elements, a
+// 16-byte aligned base.
+bool aligned(const Tensor& t) {
+  if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) {
+    if (t.stride(i) % 8 != 0 && t.size(i) > 1) return false;
+  }
+  return true;
+}
+
+// The head dim padded with zeros to a multiple of 8 (as flash-attn does), and a copy of a tensor the
+// kernels cannot read in place (e.g. an expanded dout).
+Tensor kernel_ready(const Tensor& t) {
+  TORCH_CHECK(t.dim() >= 1, "flash_attn2: expected a tensor with a head dim, got a scalar");
+  Tensor r = t.size(-1) % 8 ? at::constant_pad_nd(t, {0, 8 - t.size(-1) % 8}) : t;
+  return aligned(r) ? r : r.clone(at::MemoryFormat::Contiguous);
+}
+
+// The first head_dim columns of a kernel-ready result, contiguous as the fake implementations promise.
+Tensor unpadded(const Tensor& t, int64_t head_dim) {
+  return t.size(-1) == head_dim ? t : t.narrow(-1, 0, head_dim).contiguous();
+}
+
+void check_tensor(const Tensor& t, const char* name, int64_t dim, const Tensor& q, at::ScalarType dtype) {
   TORCH_CHECK(t.dim() == dim, "flash_attn2: ", name, " must have ", dim, " dimensions, got ", t.dim());
   TORCH_CHECK(t.is_cuda() && t.device() == q.device(), "flash_attn2: ", name, " must be on ", q.device());
   TORCH_CHECK(t.scalar_type() == dtype, "flash_attn2: ", name, " must be ", dtype, ", got ", t.scalar_type());
-  if (dtype == at::kFloat) return;
-  TORCH_CHECK(t.stride(-1) == 1, "flash_attn2: ", name, " must have a contiguous last dimension");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "flash_attn2: ", name, " must be 16-byte aligned");
-  for (int64_t i = 0; i + 1 < dim; ++i) {
-    TORCH_CHECK(t.stride(i) % 8 == 0 || t.size(i) == 1, "flash_attn2: ", name, " strides must be multiples of 8");
-  }
+  if (dtype != at::kFloat) TORCH_CHECK(aligned(t), "flash_attn2: ", name, " must be 16-byte aligned (kernel_ready)");
 }
 
-// Fills p's FwdParams fields from the forward's tensors after checking what memory safety needs.
-void set_fwd_params(flash_attn2::FwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const at::Tensor& out, const at::Tensor& lse, const std::optional<at::Tensor>& cu_seqlens_q,
-                    const std::optional<at::Tensor>& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    double softmax_scale, bool causal) {
+// Fills p's FwdParams fields from the forward's kernel-ready tensors after checking what memory safety needs.
+void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                    const Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                    int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal) {
   const bool varlen = cu_seqlens_q.has_value();
   TORCH_CHECK(varlen == cu_seqlens_k.has_value(), "flash_attn2: pass both cu_seqlens_q and cu_seqlens_k, or neither");
   const int64_t dim = varlen ? 3 : 4;
-  const DType dtype = dtype_of(q);
+  p.dtype = dtype_of(q);
   check_tensor(q, "q", dim, q, q.scalar_type());
   check_tensor(k, "k", dim, q, q.scalar_type());
   check_tensor(v, "v", dim, q, q.scalar_type());
   check_tensor(out, "out", dim, q, q.scalar_type());
   TORCH_CHECK(out.sizes() == q.sizes(), "flash_attn2: out must have q's shape");
   TORCH_CHECK(k.sizes() == v.sizes(), "flash_attn2: k and v must have the same shape");
-  const int64_t head_dim = q.size(-1), heads = q.size(-2), heads_k = k.size(-2);
-  TORCH_CHECK(k.size(-1) == head_dim, "flash_attn2: k's head dim must equal q's");
-  TORCH_CHECK(heads_k > 0 && heads % heads_k == 0, "flash_attn2: q's heads must be a multiple of k's");
+  TORCH_CHECK(k.size(-1) == q.size(-1), "flash_attn2: k's head dim must equal q's");
 
   p.q = q.data_ptr();
   p.k = k.data_ptr();
@@ -67,36 +90,43 @@ void set_fwd_params(flash_attn2::FwdParams& p, const at::Tensor& q, const at::Te
   p.o_row_stride = out.stride(row);
   p.q_head_stride = q.stride(-2), p.k_head_stride = k.stride(-2), p.v_head_stride = v.stride(-2);
   p.o_head_stride = out.stride(-2);
-  p.num_heads = int(heads);
-  p.num_heads_k = int(heads_k);
-  p.head_dim = int(head_dim);
+  p.num_heads = int(q.size(-2));
+  p.num_heads_k = int(k.size(-2));
+  p.head_dim = int(q.size(-1));
   p.softmax_scale = float(softmax_scale);
   p.causal = causal;
-  p.dtype = dtype;
+  // Lengths past kMaxSeqlen are refused by run_fwd; clamping first keeps the int fields from wrapping.
+  auto rows = [](int64_t n) { return int(std::min<int64_t>(n, flash_attn2::kMaxSeqlen + int64_t(1))); };
   if (varlen) {
-    for (const at::Tensor* cu : {&*cu_seqlens_q, &*cu_seqlens_k}) {
+    for (const Tensor* cu : {&*cu_seqlens_q, &*cu_seqlens_k}) {
       check_tensor(*cu, "cu_seqlens", 1, q, at::kInt);
       TORCH_CHECK(cu->is_contiguous(), "flash_attn2: cu_seqlens must be contiguous");
     }
     TORCH_CHECK(cu_seqlens_q->numel() >= 2 && cu_seqlens_k->numel() == cu_seqlens_q->numel(),
                 "flash_attn2: cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 2 entries");
+    TORCH_CHECK(max_seqlen_q >= 0 && max_seqlen_k >= 0, "flash_attn2: max_seqlen_q and max_seqlen_k must be >= 0");
     p.batch = int(cu_seqlens_q->numel() - 1);
-    p.seqlen_q = int(max_seqlen_q);
-    p.seqlen_k = int(max_seqlen_k);
+    p.seqlen_q = rows(max_seqlen_q);
+    p.seqlen_k = rows(max_seqlen_k);
+    p.total_q = q.size(0);
+    p.total_k = k.size(0);
     p.cu_seqlens_q = cu_seqlens_q->data_ptr<int>();
     p.cu_seqlens_k = cu_seqlens_k->data_ptr<int>();
     check_tensor(lse, "softmax_lse", 2, q, at::kFloat);
-    TORCH_CHECK(lse.size(0) == heads && lse.size(1) == q.size(0) && lse.stride(1) == 1,
+    TORCH_CHECK(lse.size(0) == q.size(1) && lse.size(1) == q.size(0) && lse.stride(1) == 1,
                 "flash_attn2: softmax_lse must be (nheads, total_q) with unit row stride");
     p.lse_batch_stride = 0;
     p.lse_head_stride = lse.stride(0);
   } else {
     TORCH_CHECK(k.size(0) == q.size(0), "flash_attn2: q and k must have the same batch size");
+    TORCH_CHECK(q.size(0) <= std::numeric_limits<int>::max(), "flash_attn2: batch must be < 2**31");
     p.batch = int(q.size(0));
-    p.seqlen_q = int(q.size(1));
-    p.seqlen_k = int(k.size(1));
+    p.seqlen_q = rows(q.size(1));
+    p.seqlen_k = rows(k.size(1));
+    p.total_q = int64_t(p.batch) * p.seqlen_q;
+    p.total_k = int64_t(p.batch) * p.seqlen_k;
     check_tensor(lse, "softmax_lse", 3, q, at::kFloat);
-    TORCH_CHECK(lse.size(0) == q.size(0) && lse.size(1) == heads && lse.size(2) == q.size(1) && lse.stride(2) == 1,
+    TORCH_CHECK(lse.size(0) == q.size(0) && lse.size(1) == q.size(2) && lse.size(2) == q.size(1) && lse.stride(2) == 1,
                 "flash_attn2: softmax_lse must be (batch, nheads, seqlen_q) with unit row stride");
     p.lse_batch_stride = lse.stride(0);
     p.lse_head_stride = lse.stride(1);
@@ -104,7 +134,7 @@ void set_fwd_params(flash_attn2::FwdParams& p, const at::Tensor& q, const at::Te
   p.lse = lse.data_ptr<float>();
 }
 
-void check_launch(cudaError_t err, const at::Tensor& q, const char* direction) {
+void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
   TORCH_CHECK_NOT_IMPLEMENTED(err != cudaErrorNotSupported, "flash_attn2: no ", direction,
                               " kernel was compiled for head dim ", q.size(-1), " and ", q.scalar_type(),
                               "; rebuild with FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES covering it");
@@ -114,27 +144,36 @@ void check_launch(cudaError_t err, const at::Tensor& q, const char* direction) {
   TORCH_CHECK(err != cudaErrorLaunchOutOfResources, "flash_attn2: the ", direction, " kernel for head dim ",
               q.size(-1), " needs more shared memory per block than ", q.device(),
               " offers (the backward at head dims 224 and 256 needs an H100/H200-class GPU)");
-  C10_CUDA_CHECK(err);
+  TORCH_CHECK(err == cudaSuccess, "flash_attn2: ", direction, " failed: ", flash_attn2::last_error_message());
 }
 
-void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal) {
+// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready.
+void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
+             const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+             bool causal) {
+  if (q.numel() == 0) return;
+  if (k.numel() == 0) {  // no keys at all: every row sees nothing
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return;
+  }
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal);
   const c10::cuda::CUDAGuard guard(q.device());
   check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
 }
 
-// Gradients into dq (q's shape), dk and dv (k's shape).
-void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-         const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-         const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-         int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, bool deterministic) {
+// Gradients into preallocated dq (q's shape), dk and dv (k's shape); every tensor but lse kernel-ready.
+void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+             Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+             int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, bool deterministic) {
+  if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows
+    dq.zero_(), dk.zero_(), dv.zero_();
+    return;
+  }
   flash_attn2::BwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal);
-  const bool varlen = cu_seqlens_q.has_value();
-  const int64_t dim = varlen ? 3 : 4;
+  const int64_t dim = cu_seqlens_q.has_value() ? 3 : 4;
   check_tensor(dout, "dout", dim, q, q.scalar_type());
   check_tensor(dq, "dq", dim, q, q.scalar_type());
   check_tensor(dk, "dk", dim, q, q.scalar_type());
@@ -144,33 +183,147 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const int row = varlen ? 0 : 1;
+  const int row = dim == 3 ? 0 : 1;
   p.dout = dout.data_ptr();
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
-  p.do_batch_stride = varlen ? 0 : dout.stride(0);
-  p.dq_batch_stride = varlen ? 0 : dq.stride(0);
-  p.dk_batch_stride = varlen ? 0 : dk.stride(0);
-  p.dv_batch_stride = varlen ? 0 : dv.stride(0);
+  p.do_batch_stride = dim == 3 ? 0 : dout.stride(0);
+  p.dq_batch_stride = dim == 3 ? 0 : dq.stride(0);
+  p.dk_batch_stride = dim == 3 ? 0 : dk.stride(0);
+  p.dv_batch_stride = dim == 3 ? 0 : dv.stride(0);
   p.do_row_stride = dout.stride(row), p.dq_row_stride = dq.stride(row);
   p.dk_row_stride = dk.stride(row), p.dv_row_stride = dv.stride(row);
   p.do_head_stride = dout.stride(-2), p.dq_head_stride = dq.stride(-2);
   p.dk_head_stride = dk.stride(-2), p.dv_head_stride = dv.stride(-2);
-  p.total_q = int(varlen ? q.size(0) : q.size(0) * q.size(1));
-  TORCH_CHECK(varlen ? q.size(0) <= INT32_MAX : q.size(0) * q.size(1) <= INT32_MAX,
-              "flash_attn2: at most 2**31 - 1 query rows in total");
   if (deterministic) {
     int num_sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, q.device().index()));
     p.num_splits = flash_attn2::bwd_deterministic_splits(p, num_sms);
   }
-  at::Tensor softmax_d = at::empty({flash_attn2::bwd_softmax_d_elems(p)}, q.options().dtype(at::kFloat));
-  at::Tensor dq_accum = at::empty({flash_attn2::bwd_dq_accum_elems(p)}, q.options().dtype(at::kFloat));
+  Tensor softmax_d = at::empty({flash_attn2::bwd_softmax_d_elems(p)}, q.options().dtype(at::kFloat));
+  Tensor dq_accum = at::empty({flash_attn2::bwd_dq_accum_elems(p)}, q.options().dtype(at::kFloat));
   p.softmax_d = softmax_d.data_ptr<float>();
   p.dq_accum = dq_accum.data_ptr<float>();
-
   check_launch(flash_attn2::run_bwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "backward");
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The ops. Outputs are contiguous, in the inputs' head dim, as flash_attn2/_ops.py's fake versions say.
+
+std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
+                               const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                               double softmax_scale, bool causal, bool /*deterministic: the backward's*/) {
+  const Tensor qr = kernel_ready(q);
+  Tensor out = at::empty(qr.sizes(), qr.options());
+  Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
+                         q.options().dtype(at::kFloat));
+  fwd_out(qr, kernel_ready(k), kernel_ready(v), out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+          softmax_scale, causal);
+  return {unpadded(out, q.size(-1)), lse};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
+                                       const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                       double softmax_scale, bool causal, bool deterministic) {
+  const Tensor qr = kernel_ready(q), kr = kernel_ready(k);
+  Tensor dq = at::empty(qr.sizes(), qr.options());
+  Tensor dk = at::empty(kr.sizes(), kr.options());
+  Tensor dv = at::empty(kr.sizes(), kr.options());
+  bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+          max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic);
+  const int64_t head_dim = q.size(-1);
+  return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim)};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Autograd, registered on the ops: one C++ node, so an eager call costs no Python beyond the wrapper's checks.
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const auto& fwd_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::fwd", "").typed<
+      std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+                                 c10::SymInt, c10::SymInt, double, bool, bool)>();
+  return op;
+}
+
+const auto& bwd_op() {
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::bwd", "").typed<
+      std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                         const Tensor&, const OptTensor&, const OptTensor&, c10::SymInt, c10::SymInt,
+                                         double, bool, bool)>();
+  return op;
+}
+
+struct FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                               const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
+                               c10::SymInt max_seqlen_k, double softmax_scale, bool causal, bool deterministic) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, lse] = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                    causal, deterministic);
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(Tensor()), cu_seqlens_k.value_or(Tensor())});
+    ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
+    ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
+    ctx->saved_data["softmax_scale"] = softmax_scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["deterministic"] = deterministic;
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const Tensor& q = saved[0];
+    const Tensor& k = saved[1];
+    const Tensor& v = saved[2];
+    variable_list result(10);  // one per forward input; only q, k and v are differentiable
+    if (!grads[0].defined()) return result;  // out took no part in the loss
+    auto optional = [](const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; };
+    const bool deterministic = ctx->saved_data["deterministic"].toBool() || at::globalContext().deterministicAlgorithms();
+    auto [dq, dk, dv] = bwd_op().call(grads[0], q, k, v, saved[3], saved[4], optional(saved[5]), optional(saved[6]),
+                                      ctx->saved_data["max_seqlen_q"].toSymInt(),
+                                      ctx->saved_data["max_seqlen_k"].toSymInt(),
+                                      ctx->saved_data["softmax_scale"].toDouble(), ctx->saved_data["causal"].toBool(),
+                                      deterministic);
+    result[0] = dq, result[1] = dk, result[2] = dv;
+    return result;
+  }
+};
+
+std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
+                                        const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+                                        double softmax_scale, bool causal, bool deterministic) {
+  variable_list r = FlashAttnFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
+                                             std::move(max_seqlen_k), softmax_scale, causal, deterministic);
+  return {r[0], r[1]};
+}
+
+// The backward op is not differentiable. Under create_graph=True its results carry a node that raises
+// when differentiated, instead of silently acting as constants (what torch's @once_differentiable does).
+std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
+                                                const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
+                                                c10::SymInt max_seqlen_k, double softmax_scale, bool causal,
+                                                bool deterministic) {
+  Tensor dq, dk, dv;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::tie(dq, dk, dv) = bwd_op().call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
+                                         std::move(max_seqlen_k), softmax_scale, causal, deterministic);
+  }
+  const bool differentiable = dout.requires_grad() || q.requires_grad() || k.requires_grad() || v.requires_grad() ||
+                              out.requires_grad();
+  if (!torch::autograd::GradMode::is_enabled() || !differentiable) return {dq, dk, dv};
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      "flash_attn2: double backward (differentiating through flash_attn2's gradients, e.g. with "
+      "create_graph=True) is not supported", 3);
+  variable_list wrapped = error->apply({dq.detach().requires_grad_(), dk.detach().requires_grad_(),
+                                       dv.detach().requires_grad_()});
+  return {wrapped[0], wrapped[1], wrapped[2]};
 }
 
 int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {
@@ -179,10 +332,30 @@ int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {
 
 }  // namespace
 
+TORCH_LIBRARY(flash_attn2, m) {
+  // deterministic is the backward's (saved by the autograd formula); max_seqlen_q/k are hints for varlen
+  // and ignored for fixed-length calls.
+  m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
+        "SymInt max_seqlen_k, float softmax_scale, bool causal, bool deterministic) -> (Tensor out, Tensor softmax_lse)");
+  m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? cu_seqlens_q, "
+        "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
+        "bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+}
+
+TORCH_LIBRARY_IMPL(flash_attn2, CUDA, m) {
+  m.impl("fwd", &fwd);
+  m.impl("bwd", &bwd);
+}
+
+TORCH_LIBRARY_IMPL(flash_attn2, Autograd, m) {
+  m.impl("fwd", &fwd_autograd);
+  m.impl("bwd", &bwd_autograd);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "flash_attn2 CUDA kernels";
-  m.def("fwd", &fwd, "FlashAttention-2 forward into preallocated out and softmax_lse");
-  m.def("bwd", &bwd, "FlashAttention-2 backward into preallocated dq, dk and dv");
+  m.doc() = "flash_attn2 CUDA kernels; the ops are torch.ops.flash_attn2.fwd / .bwd";
+  m.def("fwd_out", &fwd_out, "Forward into preallocated out and softmax_lse (kernel-ready tensors)");
+  m.def("bwd_out", &bwd_out, "Backward into preallocated dq, dk and dv (kernel-ready tensors)");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

@@ -119,6 +119,13 @@ def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str]) -> list[s
     return per_kernel + [os.path.join(csrc, "bwd_aux.cu")]
 
 
+def kernel_definitions(head_dims: list[int], dtypes: list[str]) -> list[str]:
+    """Compile definitions naming the instantiated kernels for dispatch.cpp's table (CMakeLists.txt mirrors it)."""
+    return [f"-DFLASH_ATTN2_COMPILED_HEAD_DIMS={','.join(map(str, head_dims))}",
+            f"-DFLASH_ATTN2_COMPILED_FP16={int('fp16' in dtypes)}",
+            f"-DFLASH_ATTN2_COMPILED_BF16={int('bf16' in dtypes)}"]
+
+
 class PreflightError(RuntimeError):
     pass
 

@@ -2,23 +2,24 @@
 
 Same names, argument names, order, defaults and returns as flash_attn.flash_attn_interface; tensors
 are (batch, seqlen, nheads, headdim), or packed (total_tokens, nheads, headdim) for the varlen calls.
+Every function checks its arguments here (in eager mode, and once at trace time under torch.compile) and
+calls the op torch.ops.flash_attn2.fwd, whose autograd formula calls torch.ops.flash_attn2.bwd.
 """
 
 from __future__ import annotations
 
-import functools
 import math
+import os
 
 import torch
-import torch.nn.functional as F
 
-from ._extension import load
-
-_ext = load()
+from . import _ops
 
 MAX_HEAD_DIM = 256
+# Longest sequence, max_seqlen and packed length the kernels take (flash_attn2.h: kMaxSeqlen).
+MAX_SEQLEN = 2**31 - 2**16
 _DTYPES = (torch.float16, torch.bfloat16)
-_INT32_MAX = 2**31 - 1
+CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def _check_qkv(q, k, v, ndim: int):
             raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
 
 
-def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q):
+def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k):
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
@@ -100,8 +101,29 @@ def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
         raise ValueError(f"flash_attn2: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
                          f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= _INT32_MAX:
-            raise ValueError(f"flash_attn2: {name} must be an int in 0..2**31-1, got {m!r}")
+        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or not 0 <= m <= MAX_SEQLEN:
+            raise ValueError(f"flash_attn2: {name} must be an int in 0..2**31-2**16, got {m!r}")
+    for name, rows in (("q.shape[0] (total_q)", q.shape[0]), ("k.shape[0] (total_k)", k.shape[0])):
+        if rows > MAX_SEQLEN:
+            raise ValueError(f"flash_attn2: {name} must be at most 2**31-2**16 packed rows, got {rows}")
+
+
+def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
+    """FLASH_ATTN2_CHECK_INPUTS=1: the values inside cu_seqlens, read back to the host (a sync)."""
+    values = cu_seqlens.tolist()
+    if values[0] != 0:
+        raise ValueError(f"flash_attn2 ({CHECK_INPUTS_ENV}): {name}[0] = {values[0]}, expected 0")
+    for b in range(len(values) - 1):
+        length = values[b + 1] - values[b]
+        if length < 0:
+            raise ValueError(f"flash_attn2 ({CHECK_INPUTS_ENV}): {name}[{b + 1}] = {values[b + 1]} is smaller than "
+                             f"{name}[{b}] = {values[b]}; cu_seqlens must be non-decreasing")
+        if length > max_seqlen:
+            raise ValueError(f"flash_attn2 ({CHECK_INPUTS_ENV}): sequence {b} has length {length} "
+                             f"({name}[{b + 1}] - {name}[{b}]), more than {max_name} = {max_seqlen}")
+    if values[-1] != total:
+        raise ValueError(f"flash_attn2 ({CHECK_INPUTS_ENV}): {name}[{len(values) - 1}] = {values[-1]} must equal the "
+                         f"packed length {total}")
 
 
 def _softmax_scale(softmax_scale, head_dim: int) -> float:
@@ -113,103 +135,35 @@ def _softmax_scale(softmax_scale, head_dim: int) -> float:
     return scale
 
 
-def _kernel_ready(x: torch.Tensor) -> torch.Tensor:
-    """The kernels read 16-byte vectors: pad the head dim to a multiple of 8 (as flash-attn does) and copy
-    tensors whose strides or base address are not 16-byte aligned (e.g. an expanded dout)."""
-    if x.shape[-1] % 8:
-        x = F.pad(x, (0, 8 - x.shape[-1] % 8))
-    aligned = x.stride(-1) == 1 and x.data_ptr() % 16 == 0 and all(
-        s % 8 == 0 for s, n in zip(x.stride()[:-1], x.shape[:-1]) if n > 1)
-    return x if aligned else x.contiguous() if not x.is_contiguous() else x.clone()
+def _checking_inputs() -> bool:
+    """FLASH_ATTN2_CHECK_INPUTS=1, in eager mode: the check syncs, which neither a traced graph nor a CUDA
+    graph capture can do."""
+    return not torch.compiler.is_compiling() and os.environ.get(CHECK_INPUTS_ENV, "0") not in ("", "0")
 
 
 # ----------------------------------------------------------------------------------------------------
-# One forward and one backward entry point, and one autograd Function for every variant.
+# Internal entry points of flash-attn's names; the tests pass preallocated outputs to poison them.
 
 
 def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                         out=None, softmax_lse=None):
-    """Checked inputs -> (out, softmax_lse). out / softmax_lse may be preallocated (tests poison them)."""
-    head_dim = q.shape[-1]
-    q, k, v = (_kernel_ready(t) for t in (q, k, v))
-    varlen = cu_seqlens_q is not None
+    """Checked inputs -> (out, softmax_lse), written into out / softmax_lse when given (head dim a multiple of 8)."""
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    elif q.shape[-1] != head_dim:
-        raise ValueError("flash_attn2: a preallocated out needs a head dim that is a multiple of 8")
-    if softmax_lse is None:
-        lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
-        softmax_lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
-    if q.numel() and k.numel():
-        _ext.fwd(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                 causal)
-    elif q.numel():  # no keys at all: every row sees nothing
-        out.zero_()
-        softmax_lse.fill_(-math.inf)
-    return out[..., :head_dim], softmax_lse
+        return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, False)
+    _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     causal)
+    return out, softmax_lse
 
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, deterministic, dq=None, dk=None, dv=None):
-    """Kernel-ready q, k, v, out (head dim a multiple of 8) and the forward's softmax_lse -> (dq, dk, dv).
-    dq / dk / dv may be preallocated (tests poison them)."""
-    dout = _kernel_ready(dout)
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if dq is None else dq
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device) if dk is None else dk
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device) if dv is None else dv
-    if q.numel() and k.numel():
-        _ext.bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                 softmax_scale, causal, deterministic)
-    else:  # no queries or no keys: nothing flows
-        for grad in (dq, dk, dv):
-            grad.zero_()
+    """The forward's tensors and dout -> (dq, dk, dv), written into dq / dk / dv when given."""
+    if dq is None:
+        return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                        softmax_scale, causal, deterministic)
+    _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, causal, deterministic)
     return dq, dk, dv
-
-
-def _no_double_backward(backward):
-    """Like torch's @once_differentiable, but the gradients always carry a node that raises a clear error
-    when differentiated (create_graph=True), instead of silently acting as constants when dout itself
-    does not require grad."""
-    message = (b"flash_attn2: double backward (differentiating through flash_attn2's gradients, e.g. with "
-               b"create_graph=True) is not supported")
-
-    @functools.wraps(backward)
-    def wrapper(ctx, *grad_outputs):
-        with torch.no_grad():
-            grads = backward(ctx, *grad_outputs)
-        if not torch.is_grad_enabled():
-            return grads
-        error = torch._C._functions.DelayedError(message, len(grads))
-        return error(*[g.detach().requires_grad_() if g is not None else None for g in grads])
-    return wrapper
-
-
-class FlashAttnFunc(torch.autograd.Function):
-    """Every public variant: fixed-length (cu_seqlens None) or varlen, MHA / MQA / GQA."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                deterministic):
-        head_dim = q.shape[-1]
-        q, k, v = (_kernel_ready(t) for t in (q, k, v))
-        out, softmax_lse = _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               softmax_scale, causal)
-        ctx.save_for_backward(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k)
-        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal)
-        ctx.deterministic = deterministic
-        ctx.head_dim = head_dim
-        ctx.mark_non_differentiable(softmax_lse)
-        return out[..., :head_dim], softmax_lse
-
-    @staticmethod
-    @_no_double_backward
-    def backward(ctx, dout, dsoftmax_lse):
-        q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-        deterministic = ctx.deterministic or torch.are_deterministic_algorithms_enabled()
-        dq, dk, dv = _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, *ctx.args,
-                                          deterministic)
-        d = ctx.head_dim
-        return dq[..., :d], dk[..., :d], dv[..., :d], None, None, None, None, None, None, None
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
@@ -218,15 +172,22 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     varlen = cu_seqlens_q is not None
     _check_qkv(q, k, v, ndim=3 if varlen else 4)
     if varlen:
-        _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q)
+        _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
     else:
         max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
-    causal = _causal_from_window(bool(causal), window_size, max_seqlen_k)
+        if max(max_seqlen_q, max_seqlen_k) > MAX_SEQLEN:
+            raise ValueError(f"flash_attn2: seqlen_q and seqlen_k must be at most 2**31-2**16, got {max_seqlen_q} "
+                             f"and {max_seqlen_k}")
+    # No sequence is longer than k's rows: a window at least that wide is no window.
+    causal = _causal_from_window(bool(causal), window_size, k.shape[0] if varlen else k.shape[1])
     scale = _softmax_scale(softmax_scale, q.shape[-1])
+    if varlen and _checking_inputs():
+        _check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
+        _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
     if not q.is_cuda:  # last, so every other check also runs on CPU tensors
         raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
-    out, softmax_lse = FlashAttnFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                           causal, bool(deterministic))
+    out, softmax_lse = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
+                                bool(deterministic))
     # S_dmask carries the dropout pattern in flash-attn; without dropout it is None there too.
     return (out, softmax_lse, None) if return_attn_probs else out
 
@@ -251,7 +212,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
     """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim); sequence b owns rows
-    cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device). max_seqlen_q/k must be >= every sequence's length.
+    cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device), clamped to the packed tensors: a decreasing pair is
+    an empty sequence, rows outside every sequence get output 0 (and zero gradients). max_seqlen_q/k are hints
+    (the longest sequence) that size the grid; any value >= 0 still computes every row.
+    FLASH_ATTN2_CHECK_INPUTS=1 checks the values (eager mode; one sync) and names the first bad entry.
 
     Zero-length sequences are allowed. With return_attn_probs, softmax_lse is (nheads, total_q) fp32.
     """
@@ -296,4 +260,4 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 
 def compiled_head_dims(dtype: torch.dtype) -> list[int]:
     """Head-dim buckets with a compiled forward kernel for dtype."""
-    return [d for d in range(32, MAX_HEAD_DIM + 1, 32) if _ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d]
+    return [d for d in range(32, MAX_HEAD_DIM + 1, 32) if _ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d]

@@ -81,6 +81,39 @@ def test_bad_varlen_args(edit, exc, match):
         flash_attn2.flash_attn_varlen_func(*args)
 
 
+@pytest.mark.parametrize("cu_q,cu_k,max_q,match", [
+    ([0, 4, 3], [0, 4, 10], 6, r"cu_seqlens_q\[2\] = 3 is smaller than cu_seqlens_q\[1\] = 4"),
+    ([0, 4, 10], [0, 5, 11], 6, r"cu_seqlens_k\[2\] = 11 must equal the packed length 10"),
+    ([0, 4, 9], [0, 4, 10], 6, r"cu_seqlens_q\[2\] = 9 must equal the packed length 10"),
+    ([0, 4, 10], [0, 4, 10], 5, r"sequence 1 has length 6 \(cu_seqlens_q\[2\] - cu_seqlens_q\[1\]\), more than max_seqlen_q = 5"),
+    ([2, 4, 10], [0, 4, 10], 6, r"cu_seqlens_q\[0\] = 2, expected 0"),
+])
+def test_check_inputs_names_the_first_bad_entry(monkeypatch, cu_q, cu_k, max_q, match):
+    """FLASH_ATTN2_CHECK_INPUTS=1 reads cu_seqlens back and names the first bad entry (off: not read)."""
+    q, k, v, *_ = varlen_args()
+    args = (q, k, v, torch.tensor(cu_q, dtype=torch.int32), torch.tensor(cu_k, dtype=torch.int32), max_q, 6)
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        flash_attn2.flash_attn_varlen_func(*args)
+    monkeypatch.setenv("FLASH_ATTN2_CHECK_INPUTS", "1")
+    with pytest.raises(ValueError, match="FLASH_ATTN2_CHECK_INPUTS.*" + match):
+        flash_attn2.flash_attn_varlen_func(*args)
+
+
+def test_lengths_past_the_32_bit_limit():
+    """Every block index stays in 32 bits: longer sequences and packed lengths get a clear error."""
+    limit = flash_attn2.flash_attn_interface.MAX_SEQLEN
+    row = torch.zeros(1, 1, 1, 8, dtype=BF16)
+    long = row.expand(1, limit + 1, 1, 8)  # stride 0: no memory
+    with pytest.raises(ValueError, match=r"seqlen_q and seqlen_k must be at most 2\*\*31-2\*\*16"):
+        flash_attn2.flash_attn_func(long, row, row)
+    packed = row[0].expand(limit + 1, 1, 8)
+    cu = torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"k.shape\[0\] \(total_k\) must be at most 2\*\*31-2\*\*16 packed rows"):
+        flash_attn2.flash_attn_varlen_func(row[0], packed, packed, cu, cu, 1, 1)
+    with pytest.raises(ValueError, match=r"max_seqlen_q must be an int in 0..2\*\*31-2\*\*16"):
+        flash_attn2.flash_attn_varlen_func(row[0], row[0], row[0], cu, cu, limit + 1, 1)
+
+
 def test_varlen_reaches_the_device_check_last():
     with pytest.raises(ValueError, match="must be CUDA tensors"):
         flash_attn2.flash_attn_varlen_func(*varlen_args())

@@ -23,6 +23,13 @@
 
 namespace flash_attn2 {
 
+// Blocks per (batch, kv head): one per key block (a block loops over more when the max_seqlen_k hint is
+// too small), or num_splits of them (deterministic), each owning every num_splits-th key block.
+template <int kBlockN>
+__host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
+  return p.num_splits > 0 ? p.num_splits : blocks_per_seq<kBlockN>(p.seqlen_k, p.total_k, p.cu_seqlens_k != nullptr);
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
   using namespace cute;
@@ -33,9 +40,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
   const int tid = threadIdx.x;
 
-  // Blocks of one head run together and share its Q / dO through L2. Without splits, each block owns
-  // one key block; with splits (deterministic), key blocks split, split + num_splits, ... in order.
-  const int num_splits = params.num_splits > 0 ? params.num_splits : ceil_div(params.seqlen_k, kBlockN);
+  // Blocks of one head run together and share its Q / dO through L2. Each owns key blocks split,
+  // split + num_splits, ... in order.
+  const int num_splits = bwd_num_splits<kBlockN>(params);
   const int split = int(blockIdx.x % num_splits);
   const int bidh_k = int(blockIdx.x / num_splits) % params.num_heads_k;
   const int bidb = int(blockIdx.x / num_splits) / params.num_heads_k;

@@ -1,5 +1,5 @@
 // Launcher for one (head dim, dtype) backward: the main kernel and the dQ conversion that shares its
-// tile layout; each csrc/instantiations/bwd_*.cu compiles one. The preprocess (D = rowsum(dO o O))
+// tile layout; each csrc/instantiations/bwd_*.cu instantiates one. The preprocess (D = rowsum(dO o O))
 // before them lives in csrc/bwd_aux.cu.
 #pragma once
 
@@ -10,31 +10,28 @@
 
 namespace flash_attn2 {
 
-template <int kHeadDim, typename Element>
+template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
-  using Traits = BwdTraits<kHeadDim, Element, BwdTileFor<kHeadDim>>;
+  using Traits = BwdTraits<kHeadDim, ElementOf<kDType>, BwdTileFor<kHeadDim>>;
   auto kernel = &bwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
-  const int splits = params.num_splits > 0 ? params.num_splits : (params.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-  const int64_t num_blocks = int64_t(splits) * params.num_heads_k * params.batch;
+  const int64_t num_blocks = int64_t(bwd_num_splits<Traits::kBlockN>(params)) * params.num_heads_k * params.batch;
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
   if (cudaError_t err = cudaGetLastError()) return err;
 
-  const int64_t num_convert_blocks =
-      int64_t((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) * params.num_heads * params.batch;
-  if (num_convert_blocks == 0) return cudaSuccess;
+  const int64_t num_convert_blocks = int64_t(blocks_per_seq<Traits::kBlockM>(params.seqlen_q, params.total_q,
+                                                                             params.cu_seqlens_q != nullptr)) *
+                                     params.num_heads * params.batch;
   if (num_convert_blocks > INT_MAX) return cudaErrorInvalidValue;
   convert_dq_kernel<Traits><<<unsigned(num_convert_blocks), Traits::kNThreads,
-                               Traits::kQSize * sizeof(Element), stream>>>(params);
+                               Traits::kQSize * sizeof(ElementOf<kDType>), stream>>>(params);
   return cudaGetLastError();
 }
 
 }  // namespace flash_attn2
 
-#define FLASH_ATTN2_INSTANTIATE_BWD(HEAD_DIM, ELEMENT, DTYPE)                   \
-  namespace flash_attn2 {                                                       \
-  static const bool registered_bwd = register_bwd(HEAD_DIM, DTYPE, &launch_bwd<HEAD_DIM, ELEMENT>); \
-  }
+#define FLASH_ATTN2_INSTANTIATE_BWD(HEAD_DIM, DTYPE) \
+  template cudaError_t flash_attn2::launch_bwd<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, cudaStream_t);

@@ -34,21 +34,13 @@ __device__ constexpr int dq_accum_offset(int j) {
 // input dtype. The same thread layout as the main kernel's dQ MMA reads the thread-major tiles back, and
 // shared memory turns the fragments into 16-byte row stores.
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __grid_constant__ BwdParams params) {
+__device__ __forceinline__ void convert_dq_tile(const BwdParams& p, const SeqlenInfo& seq, int bidb, int bidh,
+                                                int m_block) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   const int tid = threadIdx.x;
-  const auto& p = params;
-  const int num_m_blocks = ceil_div(p.seqlen_q, kBlockM);
-  const int m_block = int(blockIdx.x % num_m_blocks);
-  const int bidh = int(blockIdx.x / num_m_blocks) % p.num_heads;
-  const int bidb = int(blockIdx.x / num_m_blocks) / p.num_heads;
-  const SeqlenInfo seq(p, bidb);
-  const int rows_left = seq.len_q - m_block * kBlockM;
-  if (rows_left <= 0) return;
-
   typename Traits::TiledMmadQ mma_dq;
   Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_D)
   clear(acc_dq);
@@ -79,7 +71,21 @@ __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __g
   Tensor tdQcdQ = gmem_thr.partition_D(make_identity_tensor(TileQ{}));  // (CPY, CPY_M, CPY_D) -> (row, col)
   Tensor tdQrdQ = make_fragment_like(tdQsdQ);
   cute::copy(gmem_copy, tdQsdQ, tdQrdQ);
-  store_tile(gmem_copy, tdQrdQ, gmem_thr.partition_D(gdQ), tdQcdQ, rows_left, p.head_dim);
+  store_tile(gmem_copy, tdQrdQ, gmem_thr.partition_D(gdQ), tdQcdQ, seq.len_q - m_block * kBlockM, p.head_dim);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __grid_constant__ BwdParams params) {
+  constexpr int kBlockM = Traits::kBlockM;
+  const int num_m_blocks = blocks_per_seq<kBlockM>(params.seqlen_q, params.total_q, params.cu_seqlens_q != nullptr);
+  const int bidh = int(blockIdx.x / num_m_blocks) % params.num_heads;
+  const int bidb = int(blockIdx.x / num_m_blocks) / params.num_heads;
+  const SeqlenInfo seq(params, bidb);
+  // More tiles than blocks only when the max_seqlen_q hint was too small.
+  for (int m_block = int(blockIdx.x % num_m_blocks); m_block * kBlockM < seq.len_q; m_block += num_m_blocks) {
+    convert_dq_tile<Traits>(params, seq, bidb, bidh, m_block);
+    __syncthreads();  // every thread has read this tile out of shared memory
+  }
 }
 
 }  // namespace flash_attn2

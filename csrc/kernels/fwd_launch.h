@@ -1,4 +1,4 @@
-// Launcher for one (head dim, dtype) forward kernel; each csrc/instantiations/fwd_*.cu compiles one.
+// Launcher for one (head dim, dtype) forward kernel; each csrc/instantiations/fwd_*.cu instantiates one.
 #pragma once
 
 #include <climits>
@@ -13,16 +13,18 @@ cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
-  const int64_t num_blocks = int64_t((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM) * params.num_heads *
-                             params.batch;
+  const int64_t num_blocks = int64_t(blocks_per_seq<Traits::kBlockM>(params.seqlen_q, params.total_q,
+                                                                     params.cu_seqlens_q != nullptr)) *
+                             params.num_heads * params.batch;
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
   return cudaGetLastError();
 }
 
-template <int kHeadDim, typename Element>
+template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  using Element = ElementOf<kDType>;
   using Tiles = FwdTiles<kHeadDim>;
   if constexpr (HasShortTile<Tiles>::value) {
     if (params.seqlen_q <= Tiles::kShortMaxSeqlenQ) {
@@ -34,7 +36,5 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
 
 }  // namespace flash_attn2
 
-#define FLASH_ATTN2_INSTANTIATE_FWD(HEAD_DIM, ELEMENT, DTYPE)                   \
-  namespace flash_attn2 {                                                       \
-  static const bool registered_fwd = register_fwd(HEAD_DIM, DTYPE, &launch_fwd<HEAD_DIM, ELEMENT>); \
-  }
+#define FLASH_ATTN2_INSTANTIATE_FWD(HEAD_DIM, DTYPE) \
+  template cudaError_t flash_attn2::launch_fwd<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::FwdParams&, cudaStream_t);

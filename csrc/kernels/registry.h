@@ -1,5 +1,9 @@
-// Each compiled (head dim, dtype) kernel registers its launcher here; run_fwd() / run_bwd() dispatch
-// through it. The backward's preprocess kernel (csrc/bwd_aux.cu) is declared here too.
+// The compiled kernels and what dispatch.cpp needs to call them, without CUDA device code or CuTe.
+//
+// launch_fwd / launch_bwd are defined in fwd_launch.h / bwd_launch.h and explicitly instantiated, one
+// (head dim, dtype) per file in csrc/instantiations/. dispatch.cpp's table names exactly the instantiated
+// ones (the FLASH_ATTN2_COMPILED_* definitions the build passes), so every kernel is reached through a
+// symbol reference: a static library keeps them all, which self-registering static initializers would not.
 #pragma once
 
 #include "flash_attn2/flash_attn2.h"
@@ -8,10 +12,14 @@ namespace flash_attn2 {
 
 using FwdLauncher = cudaError_t (*)(const FwdParams&, cudaStream_t);
 using BwdLauncher = cudaError_t (*)(const BwdParams&, cudaStream_t);
-bool register_fwd(int head_dim_bucket, DType dtype, FwdLauncher launcher);
-bool register_bwd(int head_dim_bucket, DType dtype, BwdLauncher launcher);
 
-// softmax_d = rowsum(dout o out) in fp32, before the main kernel.
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
+template <int kHeadDim, DType kDType>
+cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
+
+// softmax_d = rowsum(dout o out) in fp32 before the main kernel; also clears the dq accumulator and the
+// gradient rows outside every varlen sequence.
 cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 
 // Opts kernel into bytes of dynamic shared memory on the current device, or returns

@@ -1,11 +1,54 @@
-// Where one batch entry's sequences live and how long they are, for fixed-length and varlen batches.
+// Where one batch entry's sequences live and how long they are, for fixed-length and varlen batches, and
+// how many blocks the grid gives each sequence. Varlen values are untrusted: every row index derived from
+// cu_seqlens is clamped to the packed tensor (the semantics are in flash_attn2.h).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
 
 namespace flash_attn2 {
+
+// Rows [begin, end) of sequence b in a packed tensor of `total` rows.
+struct RowRange {
+  int64_t begin, end;
+};
+
+__host__ __device__ inline int64_t clamp_row(int64_t row, int64_t lo, int64_t hi) {
+  return row < lo ? lo : row > hi ? hi : row;
+}
+
+__device__ inline RowRange packed_rows(const int* cu_seqlens, int b, int64_t total) {
+  const int64_t begin = clamp_row(cu_seqlens[b], 0, total);
+  return {begin, clamp_row(cu_seqlens[b + 1], begin, total)};
+}
+
+// The rows no sequence covers, [0, lead_end) and [tail_begin, total): their outputs are zero-filled.
+struct UncoveredRows {
+  int64_t lead_end, tail_begin, total;
+
+  __device__ UncoveredRows(const int* cu_seqlens, int batch, int64_t total_rows)
+      : lead_end(clamp_row(cu_seqlens[0], 0, total_rows)),
+        tail_begin(packed_rows(cu_seqlens, batch - 1, total_rows).end),
+        total(total_rows) {}
+  __device__ int64_t count() const { return lead_end + (total - tail_begin); }
+  __device__ int64_t row(int64_t i) const { return i < lead_end ? i : tail_begin + (i - lead_end); }
+
+  // Zero-fills these rows of one head's (total, head_dim) view, 16 bytes per store, and sets their LSE to
+  // -inf where lse is given. The calling threads share the work: this one takes items first, first + stride...
+  template <class T>
+  __device__ void zero_fill(T* rows_ptr, int64_t row_stride, int head_dim, float* lse, int64_t first,
+                            int64_t stride) const {
+    static_assert(sizeof(T) == 2);
+    const int vecs = head_dim / 8;
+    for (int64_t item = first; item < count() * vecs; item += stride) {
+      const int64_t r = row(item / vecs);
+      *reinterpret_cast<uint4*>(rows_ptr + r * row_stride + item % vecs * 8) = uint4{0, 0, 0, 0};
+      if (lse != nullptr && item % vecs == 0) lse[r] = -INFINITY;
+    }
+  }
+};
 
 struct SeqlenInfo {
   int len_q, len_k;
@@ -14,11 +57,10 @@ struct SeqlenInfo {
 
   __device__ SeqlenInfo(const FwdParams& p, int bidb)
       : varlen_q(p.cu_seqlens_q != nullptr), varlen_k(p.cu_seqlens_k != nullptr) {
-    start_q = varlen_q ? p.cu_seqlens_q[bidb] : 0;
-    start_k = varlen_k ? p.cu_seqlens_k[bidb] : 0;
-    // A non-monotonic cu_seqlens gives an empty sequence rather than a negative length.
-    len_q = varlen_q ? max(0, p.cu_seqlens_q[bidb + 1] - int(start_q)) : p.seqlen_q;
-    len_k = varlen_k ? max(0, p.cu_seqlens_k[bidb + 1] - int(start_k)) : p.seqlen_k;
+    const RowRange q = varlen_q ? packed_rows(p.cu_seqlens_q, bidb, p.total_q) : RowRange{0, p.seqlen_q};
+    const RowRange k = varlen_k ? packed_rows(p.cu_seqlens_k, bidb, p.total_k) : RowRange{0, p.seqlen_k};
+    start_q = q.begin, len_q = int(q.end - q.begin);
+    start_k = k.begin, len_k = int(k.end - k.begin);
   }
 
   // Element offset of this batch entry's first row.
@@ -29,5 +71,15 @@ struct SeqlenInfo {
     return varlen_k ? start_k * row_stride : bidb * batch_stride;
   }
 };
+
+// Grid blocks per (batch, head) along a sequence of kBlock-row tiles: from seqlen (for varlen the
+// max_seqlen hint, which no sequence can exceed past the packed total), and at least one. A block handles
+// tiles i, i + blocks, i + 2 * blocks, ... while the sequence has them, so a hint that is too small costs
+// parallelism, never rows.
+template <int kBlock>
+__host__ __device__ inline int blocks_per_seq(int seqlen, int64_t total, bool varlen) {
+  const int64_t rows = varlen ? clamp_row(seqlen, 0, total) : seqlen;
+  return int((rows + kBlock - 1) / kBlock) + (rows == 0);
+}
 
 }  // namespace flash_attn2

@@ -1,19 +1,33 @@
-// flash_attn2 public C++ API: torch-free, usable from any CUDA project.
+// flash_attn2 public C++ API: torch-free, usable from any CUDA project (CMake: find_package(flash_attn2)).
 //
 // Tensors are (batch, seqlen, heads, head_dim) with a contiguous last dimension and any other strides
 // (in elements, multiples of 8, base pointers 16-byte aligned). With cu_seqlens_q/k set (varlen), q/k/v/out
 // are packed (total_tokens, heads, head_dim): batch strides are ignored and sequence b owns rows
-// [cu_seqlens[b], cu_seqlens[b + 1]).
+// [cu_seqlens[b], cu_seqlens[b + 1]) of the total_q (total_k) rows, as follows. Each pair is clamped to
+// the packed tensor: an entry below 0 reads as 0 and one past the end as total; a decreasing pair is an
+// empty sequence. Rows outside every sequence (before cu_seqlens[0], after the last sequence) get out 0 and
+// lse -inf, and zero gradients. No row outside the tensors is ever read or written. cu_seqlens that
+// decrease somewhere may make sequences overlap: those rows' results are undefined (still in bounds).
 #pragma once
 
 #include <cstdint>
 #include <cuda_runtime_api.h>
 
+// Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
+#define FLASH_ATTN2_PARAMS_VERSION 2
+
 namespace flash_attn2 {
 
 enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
+// Largest seqlen, max_seqlen and packed total (rows) accepted: keeps every block index in 32 bits.
+constexpr int kMaxSeqlen = 0x7fff0000;  // 2^31 - 2^16
+
 struct FwdParams {
+  // Filled in by the header the caller compiled against; run_fwd / run_bwd check both.
+  uint32_t version = FLASH_ATTN2_PARAMS_VERSION;
+  uint32_t size = sizeof(FwdParams);
+
   const void* q;
   const void* k;
   const void* v;
@@ -32,13 +46,17 @@ struct FwdParams {
   int num_heads;    // query heads
   int num_heads_k;  // key/value heads; num_heads % num_heads_k == 0 (MQA/GQA)
   int head_dim;     // multiple of 8, <= 256
-  int seqlen_q;     // for varlen: the maximum over the batch
+  // Fixed-length: the sequence lengths. Varlen: a hint, the longest sequence, which sizes the grid; any
+  // value >= 0 still computes every row (a smaller one only costs parallelism).
+  int seqlen_q;
   int seqlen_k;
+  // Rows of q and of k/v: batch * seqlen, or the packed totals for varlen (<= kMaxSeqlen).
+  int64_t total_q, total_k;
 
   const int* cu_seqlens_q;  // (batch + 1) int32 prefix sums on the device, or nullptr
   const int* cu_seqlens_k;
 
-  float softmax_scale;  // >= 0
+  float softmax_scale;  // positive and finite
   // Causal mask aligned to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool causal;
   DType dtype;
@@ -48,6 +66,8 @@ struct FwdParams {
 // `out` read, not written). dout/dq have q's shape, dk/dv k's; for MQA/GQA each kv head's gradient
 // sums over its group of query heads.
 struct BwdParams : FwdParams {
+  uint32_t bwd_size = sizeof(BwdParams);  // checked like FwdParams::size
+
   const void* dout;
   void* dq;
   void* dk;
@@ -56,8 +76,6 @@ struct BwdParams : FwdParams {
   int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
   int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
-
-  int total_q;  // rows of q: batch * seqlen_q, or the packed total for varlen
 
   // fp32 workspace, contiguous and 16-byte aligned, filled by run_bwd: rowsum(dout * out) as
   // (num_heads, total_q), and the dq accumulator (its layout is the kernels' own). Sizes: bwd_*_elems().
@@ -80,11 +98,15 @@ int64_t bwd_dq_accum_elems(const BwdParams& params);
 int fwd_head_dim_bucket(int head_dim, DType dtype);
 
 // Enqueues the forward pass on stream. Returns cudaErrorNotSupported when no kernel was compiled for
-// (head_dim, dtype), cudaErrorInvalidValue for inconsistent params, else the launch's error.
+// (head_dim, dtype), cudaErrorInvalidValue for params that are inconsistent or from another header
+// version, else the launch's error; last_error_message() says which.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
 // Enqueues the backward pass (three kernels) on stream; softmax_d and dq_accum must point to workspace
 // of the sizes above (any contents). Errors as for run_fwd.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
+
+// Why the last run_fwd / run_bwd on this thread failed ("" after a success).
+const char* last_error_message();
 
 }  // namespace flash_attn2

@@ -1,0 +1,234 @@
+"""flash_attn2 as a torch op: opcheck, torch.compile (static and dynamic shapes, no graph breaks),
+torch.export and CUDA graph capture, each against eager results (GPU); fake-tensor shapes and export on CPU."""
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import flash_attn2
+from flash_attn2 import _ops
+
+from test_forward import randn, require_kernel, varlen_inputs
+
+BF16 = torch.bfloat16
+gpu = pytest.mark.gpu
+
+
+# ----------------------------------------------------------------------------------------------------
+# CPU: the fake implementations and export need no kernel.
+
+
+@pytest.mark.parametrize("head_dim", [64, 59])
+def test_fake_outputs_match_the_op_contract(head_dim):
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 100, head_dim, device="cuda", dtype=BF16).transpose(1, 2)
+        k = torch.empty(2, 8, 50, head_dim, device="cuda", dtype=BF16).transpose(1, 2)[:, :, :2]
+        out, lse = _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, False)
+        assert out.shape == q.shape and out.is_contiguous() and out.dtype == BF16
+        assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32 and lse.is_contiguous()
+        dq, dk, dv = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, False)
+        assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dk.is_contiguous()
+        qv = torch.empty(300, 8, head_dim, device="cuda", dtype=BF16)
+        cu = torch.empty(4, device="cuda", dtype=torch.int32)
+        out, lse = _ops.fwd(qv, qv[:, :4], qv[:, :4], cu, cu, 7, 7, 0.1, False, False)
+        assert out.shape == qv.shape and lse.shape == (8, 300)
+
+
+def test_export_on_fake_inputs():
+    """torch.export sees one flash_attn2.fwd node; nothing on the traced path needs a real tensor."""
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flash_attn2.flash_attn_func(q, k, v, causal=True) * 2
+
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 8, 64, device="cuda", dtype=BF16)
+        k, v = (torch.empty(2, 50, 2, 64, device="cuda", dtype=BF16) for _ in range(2))
+    program = torch.export.export(Attention(), (q, k, v))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert "flash_attn2.fwd.default" in targets
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU: opcheck runs the op eagerly, under FakeTensor and through AOTAutograd, and compares.
+
+
+def op_cases():
+    """(name, fwd args) covering fixed-length, varlen, causal, GQA and odd head dims."""
+    cases = []
+    for head_dim in (64, 40, 59):
+        for causal in (False, True):
+            q = randn(2, 65, 4, head_dim, dtype=BF16)
+            k, v = (randn(2, 47, 2, head_dim, dtype=BF16) for _ in range(2))
+            cases.append((f"fixed-d{head_dim}-causal{causal}", (q, k, v, None, None, 65, 47, 0.2, causal, False)))
+        cu_q, cu_k, q, k, v = varlen_inputs([17, 0, 40], [30, 5, 40], 4, 2, head_dim, BF16)
+        cases.append((f"varlen-d{head_dim}", (q, k, v, cu_q, cu_k, 40, 40, 0.2, True, True)))
+    return cases
+
+
+@gpu
+@pytest.mark.parametrize("case", range(9))
+def test_opcheck(case):
+    name, args = op_cases()[case]
+    require_kernel(args[0].shape[-1], BF16)
+    q, k, v = (t.requires_grad_() for t in args[:3])
+    torch.library.opcheck(_ops.fwd, (q, k, v, *args[3:]))
+    out, lse = _ops.fwd(*args)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(_ops.bwd, (dout, *(t.detach() for t in (q, k, v, out, lse)), *args[3:]))
+
+
+def dense(batch, seqlen_q, seqlen_k, heads=4, heads_k=2, head_dim=64):
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=BF16)
+    k, v = (randn(batch, seqlen_k, heads_k, head_dim, dtype=BF16) for _ in range(2))
+    return q, k, v
+
+
+def fixed_calls():
+    """(public function, input builder) for the fixed-length API; the packed variants take one tensor."""
+    return {
+        "flash_attn_func": (lambda q, k, v: flash_attn2.flash_attn_func(q, k, v, causal=True, deterministic=True),
+                            lambda b, sq, sk: dense(b, sq, sk)),
+        "flash_attn_kvpacked_func": (
+            lambda q, kv: flash_attn2.flash_attn_kvpacked_func(q, kv, causal=True, deterministic=True),
+            lambda b, sq, sk: (dense(b, sq, sk)[0], torch.stack(dense(b, sq, sk)[1:], dim=2))),
+        "flash_attn_qkvpacked_func": (
+            lambda qkv: flash_attn2.flash_attn_qkvpacked_func(qkv, deterministic=True),
+            lambda b, sq, sk: (torch.stack(dense(b, sq, sq, 4, 4), dim=2),)),
+    }
+
+
+def varlen_calls():
+    def inputs(lens_q, lens_k):
+        cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 4, 2, 64, BF16)
+        return q, k, v, cu_q, cu_k, max(lens_q), max(lens_k)
+
+    def self_inputs(lens_q, lens_k):  # qkv-packed: one cu_seqlens
+        q, k, v, cu_q, cu_k, max_q, max_k = inputs(lens_q, lens_q)
+        return torch.stack((q, *(t.repeat_interleave(2, dim=1) for t in (k, v))), dim=1), cu_q, max_q
+
+    return {
+        "flash_attn_varlen_func": (
+            lambda q, k, v, cu_q, cu_k, mq, mk: flash_attn2.flash_attn_varlen_func(
+                q, k, v, cu_q, cu_k, mq, mk, causal=True, deterministic=True), inputs),
+        "flash_attn_varlen_kvpacked_func": (
+            lambda q, k, v, cu_q, cu_k, mq, mk: flash_attn2.flash_attn_varlen_kvpacked_func(
+                q, torch.stack((k, v), dim=1), cu_q, cu_k, mq, mk, deterministic=True), inputs),
+        "flash_attn_varlen_qkvpacked_func": (
+            lambda qkv, cu, m: flash_attn2.flash_attn_varlen_qkvpacked_func(qkv, cu, m, causal=True,
+                                                                             deterministic=True), self_inputs),
+    }
+
+
+def eager_and_compiled(fn, compiled, args):
+    """Forward outputs and input gradients of fn and of its compiled version on the same inputs."""
+    results = []
+    for f in (fn, compiled):
+        leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                  for a in args]
+        out = f(*leaves)
+        dout = torch.ones_like(out) * 0.5 + torch.arange(out.shape[-1], device=out.device, dtype=out.dtype) / 64
+        grads = torch.autograd.grad(out, [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad], dout)
+        results.append((out, *grads))
+    return results
+
+
+def check_compiled(fn, build, shapes, dynamic):
+    """fullgraph compile (a graph break raises), bitwise equal to eager (deterministic backward), and with
+    dynamic=True one compilation for every shape."""
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=dynamic)
+    for shape in shapes:
+        eager, ours = eager_and_compiled(fn, compiled, build(*shape))
+        for a, b in zip(eager, ours):
+            assert torch.equal(a, b), f"compiled result differs from eager at {shape}"
+    if dynamic:
+        assert counter.frame_count == 1, f"{counter.frame_count} compilations for {len(shapes)} shapes"
+
+
+@gpu
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name", sorted(fixed_calls()))
+def test_compile_fixed_length(name, dynamic):
+    require_kernel(64, BF16)
+    fn, build = fixed_calls()[name]
+    check_compiled(fn, build, [(2, 128, 97), (3, 200, 250), (5, 77, 300)], dynamic)
+
+
+@gpu
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name", sorted(varlen_calls()))
+def test_compile_varlen(name, dynamic):
+    require_kernel(64, BF16)
+    fn, build = varlen_calls()[name]
+    check_compiled(fn, build, [([17, 0, 40], [30, 5, 40]), ([100, 3], [64, 90]), ([33, 2, 9, 120], [7, 50, 9, 2])],
+                   dynamic)
+
+
+@gpu
+def test_export_and_run():
+    require_kernel(64, BF16)
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, cu_q, cu_k):
+            return flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, causal=True).float().square()
+
+    cu_q, cu_k, q, k, v = varlen_inputs([17, 0, 40], [30, 5, 40], 4, 2, 64, BF16)
+    total = torch.export.Dim("total_q", min=2, max=2**20)
+    shapes = {"q": {0: total}, "k": None, "v": None, "cu_q": None, "cu_k": None}
+    program = torch.export.export(Attention(), (q, k, v, cu_q, cu_k), dynamic_shapes=shapes)
+    assert "flash_attn2.fwd.default" in [str(n.target) for n in program.graph.nodes]
+    assert torch.equal(program.module()(q, k, v, cu_q, cu_k), Attention()(q, k, v, cu_q, cu_k))
+    cu_q2 = torch.tensor([0, 20, 20, 50], device="cuda", dtype=torch.int32)
+    q2 = randn(50, 4, 64, dtype=BF16)
+    assert torch.equal(program.module()(q2, k, v, cu_q2, cu_k), Attention()(q2, k, v, cu_q2, cu_k))
+
+
+def capture(fn, static_inputs):
+    """Captures fn(*static_inputs) -> (out, grads) in a CUDA graph after a warm-up on a side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn(*static_inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outputs = fn(*static_inputs)
+    return graph, static_outputs
+
+
+@gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_cuda_graph_forward_and_backward(varlen):
+    """Capture forward + backward once, replay on new values (varlen: new sequence lengths under the same
+    max_seqlen hint, even lengths above it), compare with eager."""
+    require_kernel(64, BF16)
+    heads, heads_k, d = 4, 2, 64
+
+    def step(q, k, v, dout, cu_q, cu_k):
+        if varlen:
+            out = flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 96, 96, causal=True, deterministic=True)
+        else:
+            out = flash_attn2.flash_attn_func(q, k, v, causal=True, deterministic=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    def inputs(lens_q, lens_k):
+        if varlen:
+            cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, heads, heads // heads_k, d, BF16)
+        else:
+            (q, k, v), cu_q, cu_k = dense(2, 150, 190, heads, heads_k, d), None, None
+        return [q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), torch.randn_like(q), cu_q, cu_k]
+
+    static = inputs([50, 96, 4], [60, 90, 50])
+    graph, static_out = capture(step, static)
+    for lens_q, lens_k in (([96, 10, 44], [20, 120, 60]), ([1, 1, 148], [70, 70, 60])):
+        fresh = inputs(lens_q, lens_k)
+        with torch.no_grad():
+            for s, f in zip(static, fresh):
+                if s is not None:
+                    s.copy_(f)
+        graph.replay()
+        expected = step(*fresh)
+        for a, b in zip(static_out, expected):
+            assert torch.equal(a, b)
