@@ -88,6 +88,7 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f)) return "softmax_scale must be positive and finite";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
   const bool varlen = p.cu_seqlens_q != nullptr;
+  if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";
   if (varlen ? (p.total_q < 0 || p.total_k < 0 || p.total_q > kMaxSeqlen || p.total_k > kMaxSeqlen)
              : (p.total_q != int64_t(p.batch) * p.seqlen_q || p.total_k != int64_t(p.batch) * p.seqlen_k)) {
     return varlen ? "total_q and total_k must be in 0..kMaxSeqlen"
@@ -108,10 +109,18 @@ int fwd_head_dim_bucket(int head_dim, DType dtype) {
   return 0;
 }
 
+// An error some earlier launch of the caller's left pending would surface as this call's launch error.
+cudaError_t pending_error() {
+  const cudaError_t err = cudaPeekAtLastError();
+  if (err != cudaSuccess) fail(err, std::string("a CUDA error was pending before the call: ") + cudaGetErrorString(err));
+  return err;
+}
+
 cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   last_error.clear();
   const std::string problem = fwd_params_problem(p);
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
+  if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
   if (cudaError_t err = kernels(bucket, p.dtype).fwd(p, stream)) return fail(err, cudaGetErrorString(err));
@@ -145,6 +154,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   if (problem.empty() && p.num_splits < 0) problem = "num_splits must be >= 0";
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
+  if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));

@@ -297,6 +297,11 @@ struct FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                         const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
                                         double softmax_scale, bool causal, bool deterministic) {
+  if (!torch::autograd::GradMode::is_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;  // inference: no node to build
+    return fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q), std::move(max_seqlen_k),
+                         softmax_scale, causal, deterministic);
+  }
   variable_list r = FlashAttnFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
                                              std::move(max_seqlen_k), softmax_scale, causal, deterministic);
   return {r[0], r[1]};

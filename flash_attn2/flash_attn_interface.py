@@ -54,37 +54,41 @@ def _causal_from_window(causal: bool, window_size, max_seqlen_k: int) -> bool:
 
 
 def _check_qkv(q, k, v, ndim: int):
-    layout = "(batch, seqlen, nheads, headdim)" if ndim == 4 else "(total_tokens, nheads, headdim)"
+    # Runs on every eager call: each tensor property is read once.
+    dtype = q.dtype if isinstance(q, torch.Tensor) else None
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in _DTYPES:
-            raise TypeError(f"flash_attn2: {name} must be float16 or bfloat16, got {t.dtype}")
-        if t.dtype != q.dtype:
-            raise TypeError(f"flash_attn2: {name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.dtype is not dtype or dtype not in _DTYPES:
+            if t.dtype not in _DTYPES:
+                raise TypeError(f"flash_attn2: {name} must be float16 or bfloat16, got {t.dtype}")
+            raise TypeError(f"flash_attn2: {name} must have q's dtype {dtype}, got {t.dtype}")
         if t.dim() != ndim:
+            layout = "(batch, seqlen, nheads, headdim)" if ndim == 4 else "(total_tokens, nheads, headdim)"
             raise ValueError(f"flash_attn2: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
         if t.stride(-1) != 1:
             raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), "
                              f"got strides {tuple(t.stride())}")
-    head_dim = q.shape[-1]
+    q_shape, k_shape = q.shape, k.shape
+    head_dim = q_shape[-1]
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
-    if k.shape != v.shape:
-        raise ValueError(f"flash_attn2: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[-1] != head_dim:
-        raise ValueError(f"flash_attn2: k's head dim must equal q's ({head_dim}), got {k.shape[-1]}")
-    heads, heads_k = q.shape[-2], k.shape[-2]
+    if k_shape != v.shape:
+        raise ValueError(f"flash_attn2: k and v must have the same shape, got {tuple(k_shape)} and {tuple(v.shape)}")
+    if k_shape[-1] != head_dim:
+        raise ValueError(f"flash_attn2: k's head dim must equal q's ({head_dim}), got {k_shape[-1]}")
+    heads, heads_k = q_shape[-2], k_shape[-2]
     if heads_k == 0 or heads == 0 or heads % heads_k != 0:
         raise ValueError(f"flash_attn2: q's nheads ({heads}) must be a positive multiple of k/v's nheads ({heads_k})")
     if ndim == 4:
-        if q.shape[0] == 0:
+        if q_shape[0] == 0:
             raise ValueError("flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)")
-        if k.shape[0] != q.shape[0]:
-            raise ValueError(f"flash_attn2: k's batch size ({k.shape[0]}) must equal q's ({q.shape[0]})")
+        if k_shape[0] != q_shape[0]:
+            raise ValueError(f"flash_attn2: k's batch size ({k_shape[0]}) must equal q's ({q_shape[0]})")
+    device = q.device
     for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+        if t.device != device:
+            raise ValueError(f"flash_attn2: {name} must be on q's device {device}, got {t.device}")
 
 
 def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k):

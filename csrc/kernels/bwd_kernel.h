@@ -23,11 +23,14 @@
 
 namespace flash_attn2 {
 
-// Blocks per (batch, kv head): one per key block (a block loops over more when the max_seqlen_k hint is
-// too small), or num_splits of them (deterministic), each owning every num_splits-th key block.
+// Blocks per (batch, kv head): num_splits when deterministic, else one per key block of the max_seqlen_k
+// hint (clamped to the packed length, at least one). A block takes key blocks split, split + num_splits,
+// ... while its sequence has them, so a hint that is too small costs parallelism, never keys.
 template <int kBlockN>
 __host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
-  return p.num_splits > 0 ? p.num_splits : blocks_per_seq<kBlockN>(p.seqlen_k, p.total_k, p.cu_seqlens_k != nullptr);
+  if (p.num_splits > 0) return p.num_splits;
+  const int64_t keys = p.cu_seqlens_k != nullptr ? clamp_row(p.seqlen_k, 0, p.total_k) : p.seqlen_k;
+  return keys > 0 ? int((keys + kBlockN - 1) / kBlockN) : 1;
 }
 
 template <class Traits>

@@ -22,9 +22,8 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
   if (cudaError_t err = cudaGetLastError()) return err;
 
-  const int64_t num_convert_blocks = int64_t(blocks_per_seq<Traits::kBlockM>(params.seqlen_q, params.total_q,
-                                                                             params.cu_seqlens_q != nullptr)) *
-                                     params.num_heads * params.batch;
+  const int64_t num_convert_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(params);
+  if (num_convert_blocks == 0) return cudaSuccess;
   if (num_convert_blocks > INT_MAX) return cudaErrorInvalidValue;
   convert_dq_kernel<Traits><<<unsigned(num_convert_blocks), Traits::kNThreads,
                                Traits::kQSize * sizeof(ElementOf<kDType>), stream>>>(params);

@@ -7,6 +7,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "kernel_traits.h"
 #include "seqlen.h"
+#include "tile_scheduler.h"
 #include "utils.h"
 
 namespace flash_attn2 {
@@ -76,16 +77,8 @@ __device__ __forceinline__ void convert_dq_tile(const BwdParams& p, const Seqlen
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __grid_constant__ BwdParams params) {
-  constexpr int kBlockM = Traits::kBlockM;
-  const int num_m_blocks = blocks_per_seq<kBlockM>(params.seqlen_q, params.total_q, params.cu_seqlens_q != nullptr);
-  const int bidh = int(blockIdx.x / num_m_blocks) % params.num_heads;
-  const int bidb = int(blockIdx.x / num_m_blocks) / params.num_heads;
-  const SeqlenInfo seq(params, bidb);
-  // More tiles than blocks only when the max_seqlen_q hint was too small.
-  for (int m_block = int(blockIdx.x % num_m_blocks); m_block * kBlockM < seq.len_q; m_block += num_m_blocks) {
-    convert_dq_tile<Traits>(params, seq, bidb, bidh, m_block);
-    __syncthreads();  // every thread has read this tile out of shared memory
-  }
+  const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
+  if (tile.valid) convert_dq_tile<Traits>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
 }
 
 }  // namespace flash_attn2

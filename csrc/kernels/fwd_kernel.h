@@ -13,12 +13,13 @@
 #include "mask.h"
 #include "seqlen.h"
 #include "softmax.h"
+#include "tile_scheduler.h"
 #include "utils.h"
 
 namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
-// visible key blocks, then O and the LSE. Requires m_block * kBlockM < seq.len_q.
+// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q.
 template <class Traits>
 __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenInfo& seq, int bidb, int bidh,
                                          int m_block) {
@@ -163,27 +164,14 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
-  constexpr int kBlockM = Traits::kBlockM, kNThreads = Traits::kNThreads;
-  const bool varlen = params.cu_seqlens_q != nullptr;
-  // The query block varies fastest, so all blocks of one head run together and share its K/V through
-  // L2; within a head, the longest causal rows start first.
-  const int num_m_blocks = blocks_per_seq<kBlockM>(params.seqlen_q, params.total_q, varlen);
-  const int rank = int(blockIdx.x % num_m_blocks);
-  const int bidh = int(blockIdx.x / num_m_blocks) % params.num_heads;
-  const int bidb = int(blockIdx.x / num_m_blocks) / params.num_heads;
-  const SeqlenInfo seq(params, bidb);
-  if (varlen) {  // rows outside every sequence, shared by the head's blocks
+  const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
+  if (params.cu_seqlens_q != nullptr) {  // rows outside every sequence, shared by the head's blocks
     const UncoveredRows uncovered(params.cu_seqlens_q, params.batch, params.total_q);
-    uncovered.zero_fill(static_cast<typename Traits::Element*>(params.out) + bidh * params.o_head_stride,
-                        params.o_row_stride, params.head_dim, params.lse + bidh * params.lse_head_stride,
-                        (int64_t(bidb) * num_m_blocks + rank) * kNThreads + threadIdx.x,
-                        int64_t(params.batch) * num_m_blocks * kNThreads);
+    uncovered.zero_fill(static_cast<typename Traits::Element*>(params.out) + tile.bidh * params.o_head_stride,
+                        params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,
+                        int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
   }
-  // More tiles than blocks only when the max_seqlen_q hint was too small.
-  for (int m_block = num_m_blocks - 1 - rank; m_block * kBlockM < seq.len_q; m_block += num_m_blocks) {
-    fwd_tile<Traits>(params, seq, bidb, bidh, m_block);
-    __syncthreads();  // the next tile's Q load reuses the shared memory this one's output went through
-  }
+  if (tile.valid) fwd_tile<Traits>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
 }
 
 }  // namespace flash_attn2

@@ -13,9 +13,7 @@ cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
-  const int64_t num_blocks = int64_t(blocks_per_seq<Traits::kBlockM>(params.seqlen_q, params.total_q,
-                                                                     params.cu_seqlens_q != nullptr)) *
-                             params.num_heads * params.batch;
+  const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(params);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);

@@ -1,6 +1,6 @@
-// Where one batch entry's sequences live and how long they are, for fixed-length and varlen batches, and
-// how many blocks the grid gives each sequence. Varlen values are untrusted: every row index derived from
-// cu_seqlens is clamped to the packed tensor (the semantics are in flash_attn2.h).
+// Where one batch entry's sequences live and how long they are, for fixed-length and varlen batches.
+// Varlen values are untrusted: every row index derived from cu_seqlens is clamped to the packed tensor
+// (the semantics are in flash_attn2.h), and the rows no sequence covers are zero-filled.
 #pragma once
 
 #include <cmath>
@@ -71,15 +71,5 @@ struct SeqlenInfo {
     return varlen_k ? start_k * row_stride : bidb * batch_stride;
   }
 };
-
-// Grid blocks per (batch, head) along a sequence of kBlock-row tiles: from seqlen (for varlen the
-// max_seqlen hint, which no sequence can exceed past the packed total), and at least one. A block handles
-// tiles i, i + blocks, i + 2 * blocks, ... while the sequence has them, so a hint that is too small costs
-// parallelism, never rows.
-template <int kBlock>
-__host__ __device__ inline int blocks_per_seq(int seqlen, int64_t total, bool varlen) {
-  const int64_t rows = varlen ? clamp_row(seqlen, 0, total) : seqlen;
-  return int((rows + kBlock - 1) / kBlock) + (rows == 0);
-}
 
 }  // namespace flash_attn2
