@@ -1,0 +1,230 @@
+"""Hugging Face transformers integration: `attn_implementation="flash_attn2"`.
+
+    import flash_attn2.integrations.transformers  # registers "flash_attn2"
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16, attn_implementation="flash_attn2")
+
+Importing this module registers the name (its only purpose); `register()` does the same and may be
+called any number of times. Developed against transformers 5.17, whose own flash-attention path
+(`integrations/flash_attention.py`, `modeling_flash_attention_utils._flash_attention_forward`) it follows:
+
+- the model hands the attention function a 2-D padding mask or None (the mask hook registered here);
+- a padding mask: unpad -> `flash_attn_varlen_func` -> pad; queries shorter than keys (decoding after a
+  cache) are the mask's last columns; key slots past the mask (a static cache) are unused;
+- no padding mask, and `cu_seq_lens_q/k` + `max_length_q/k` given (e.g. DataCollatorWithFlattening):
+  varlen over the flattened batch;
+- no padding mask, and position ids that restart inside a row (packed sequences): varlen, a sequence
+  starting wherever a position is not the previous one + 1 (the rule transformers' sdpa/eager masks use);
+- float32 q/k/v (a model left in float32, PEFT's fp32 norms) run in the half dtype transformers' flash
+  path picks, bfloat16 where that is float32 too, and the output is cast back;
+- GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured.
+
+What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: a sliding
+window, softcap, attention dropout while training, attention sinks (`s_aux`), `output_attentions=True`,
+a 4-D (custom) attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and
+any other non-None keyword argument not listed in `_NOT_FOR_ATTENTION`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import transformers.modeling_flash_attention_utils as _hf_flash_utils
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.flash_attention import get_target_dtype
+    from transformers.masking_utils import flash_attention_mask
+    from transformers.utils import logging
+except ImportError as e:
+    raise ImportError(f"flash_attn2.integrations.transformers needs Hugging Face transformers 5.x ({e}): "
+                      "pip install transformers") from e
+
+from ..bert_padding import pad_input, unpad_input
+from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+ATTN_IMPLEMENTATION = "flash_attn2"
+
+logger = logging.get_logger(__name__)
+
+_HALF = (torch.float16, torch.bfloat16)
+# Keyword arguments models pass down to every attention function that do not concern attention: caching
+# flags, output flags consumed elsewhere, the loss normaliser, and mamba layers' packing index (attention
+# reads packing from position_ids or cu_seq_lens).
+_NOT_FOR_ATTENTION = frozenset({"use_cache", "num_items_in_batch", "output_hidden_states", "output_router_logits",
+                                "seq_idx"})
+_USE_INSTEAD = "; use attn_implementation='sdpa' or 'eager' for this model"
+
+
+def register() -> None:
+    """Make `attn_implementation="flash_attn2"` available to every transformers model. Idempotent."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, flash_attn2_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attn2_mask)
+    if not getattr(_hf_flash_utils._lazy_imports, "_flash_attn2", False):
+        _hf_flash_utils._lazy_imports = _answer_flash_preload(_hf_flash_utils._lazy_imports)
+
+
+def _answer_flash_preload(original):
+    # transformers treats every attn_implementation whose name contains "flash" as a flash-attn build
+    # (utils.generic.is_flash_attention_requested) and preloads it when a model is built or switched to it
+    # (_check_and_adjust_attn_implementation -> lazy_import_flash_attention -> _lazy_imports). _lazy_imports
+    # knows only flash-attn 2/3/4 and hub kernels and raises ValueError for "flash_attn2": answer it with
+    # our functions, and leave every other name to transformers.
+    @functools.wraps(original)
+    def _lazy_imports(implementation, *args, **kwargs):
+        if implementation == ATTN_IMPLEMENTATION:
+            return flash_attn_func, flash_attn_varlen_func, None, pad_input, unpad_input
+        return original(implementation, *args, **kwargs)
+
+    _lazy_imports._flash_attn2 = True
+    return _lazy_imports
+
+
+def flash_attn2_mask(*args, use_vmap=False, **kwargs):
+    """transformers' flash-attention mask: the 2-D (batch, kv_len) padding mask, or None if nothing is padded."""
+    # create_*_mask sets use_vmap exactly when the model adds its own or_mask_function / and_mask_function
+    # (e.g. bidirectional attention over image tokens): a pattern a 2-D padding mask cannot carry, which
+    # transformers' flash path drops without a word.
+    if use_vmap:
+        raise NotImplementedError("flash_attn2: this model adds its own mask function (or_mask_function / "
+                                  "and_mask_function) to the causal mask, which flash_attn2 cannot apply"
+                                  + _USE_INSTEAD)
+    return flash_attention_mask(*args, **kwargs)
+
+
+def flash_attn2_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                                  sliding_window=None, softcap=None, is_causal=None, s_aux=None, position_ids=None,
+                                  cu_seq_lens_q=None, cu_seq_lens_k=None, max_length_q=None, max_length_k=None,
+                                  deterministic=None, output_attentions=False, **kwargs):
+    """transformers' attention-function signature: query (batch, heads, seq_q, head_dim), key/value
+    (batch, kv_heads, seq_k, head_dim) -> (output (batch, seq_q, heads, head_dim) in query's dtype, None)."""
+    _check_supported(module, attention_mask, dropout, sliding_window, softcap, s_aux, output_attentions, kwargs)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout (batch, seq, heads, dim), views
+    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
+    if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
+        v = F.pad(v, (0, head_dim - v_head_dim))
+    half = _half_dtype(query, module)
+    q, k, v = (t.to(half) for t in (q, k, v))
+    flash_kwargs = {
+        "softmax_scale": scaling,
+        # is_causal as a kwarg overrides the module's (decoders used as encoders); sdpa's default
+        "causal": getattr(module, "is_causal", True) if is_causal is None else bool(is_causal),
+        # transformers' flash path reads the same variable
+        "deterministic": (os.getenv("FLASH_ATTENTION_DETERMINISTIC", "0") == "1" if deterministic is None
+                          else bool(deterministic)),
+    }
+    seqlen_kwargs = {"cu_seq_lens_q": cu_seq_lens_q, "cu_seq_lens_k": cu_seq_lens_k, "max_length_q": max_length_q,
+                     "max_length_k": max_length_k}
+    given = [name for name, arg in seqlen_kwargs.items() if arg is not None]
+    if given and (attention_mask is not None or len(given) < 4):
+        raise ValueError(f"flash_attn2: {', '.join(given)} must come as all four of {', '.join(seqlen_kwargs)} and "
+                         "without a padding attention_mask (they describe the sequences themselves)")
+
+    if attention_mask is not None:
+        out = _padded_attention(q, k, v, attention_mask, flash_kwargs)
+    elif given:
+        out = _flat_varlen(q, k, v, cu_seq_lens_q.to(device=q.device, dtype=torch.int32),
+                           cu_seq_lens_k.to(device=q.device, dtype=torch.int32), int(max_length_q), int(max_length_k),
+                           flash_kwargs)
+    elif (packed := _packed_cu_seqlens(position_ids, *q.shape[:2])) is not None:
+        if k.shape[1] != q.shape[1]:
+            raise NotImplementedError(f"flash_attn2: packed sequences (position_ids restarting inside a row) with a "
+                                      f"KV cache ({k.shape[1]} keys for {q.shape[1]} queries) are not supported")
+        cu_seqlens, max_seqlen = packed
+        out = _flat_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, flash_kwargs)
+    else:
+        out = flash_attn_func(q, k, v, **flash_kwargs)
+    return out[..., :v_head_dim].to(query.dtype), None
+
+
+def _check_supported(module, attention_mask, dropout, sliding_window, softcap, s_aux, output_attentions, kwargs):
+    """Raise for what flash_attn2 cannot honour, before any tensor work (so it also raises on CPU)."""
+    if sliding_window is not None:
+        raise NotImplementedError(f"flash_attn2: sliding_window={sliding_window} (sliding-window attention) is "
+                                  "not supported yet" + _USE_INSTEAD)
+    if softcap is not None and softcap != 0:
+        raise NotImplementedError(f"flash_attn2: softcap={softcap} (attention logit soft-capping) is not supported "
+                                  "yet" + _USE_INSTEAD)
+    # In eval mode dropout is a no-op (as in eager attention), so only training needs it.
+    if dropout > 0 and module.training:
+        raise NotImplementedError(f"flash_attn2: attention dropout={dropout} while training is not supported yet; "
+                                  "set config.attention_dropout=0.0, or use attn_implementation='sdpa'")
+    if s_aux is not None:
+        raise NotImplementedError("flash_attn2: attention sinks (s_aux) are not supported yet" + _USE_INSTEAD)
+    if output_attentions:
+        raise NotImplementedError("flash_attn2: output_attentions=True is not supported: flash attention never "
+                                  "forms the attention weights; use attn_implementation='eager'")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise NotImplementedError(f"flash_attn2: attention_mask must be the 2-D (batch, kv_len) padding mask, got "
+                                  f"shape {tuple(attention_mask.shape)}: custom 4-D masks are not supported"
+                                  + _USE_INSTEAD)
+    unknown = sorted(name for name, arg in kwargs.items() if arg is not None and name not in _NOT_FOR_ATTENTION)
+    if unknown:
+        raise NotImplementedError(f"flash_attn2: attention argument(s) {', '.join(unknown)} are not supported"
+                                  + _USE_INSTEAD)
+
+
+def _half_dtype(query, module) -> torch.dtype:
+    """fp16/bf16 inputs run as they are. float32 runs in transformers' flash-path choice (get_target_dtype:
+    the autocast dtype, a quantized model's dtype, else the module's first Linear weight's dtype) and, where
+    that is float32 too (a model left in float32), in bfloat16: it keeps float32's exponent range."""
+    if query.dtype != torch.float32:
+        return query.dtype  # half, or a dtype the kernels reject with a message naming it
+    target = get_target_dtype(query, module)
+    target = target if target in _HALF else torch.bfloat16
+    logger.warning_once(f"flash_attn2: float32 q/k/v run in {target} (the kernels take fp16/bf16); the attention "
+                        "output is cast back to float32")
+    return target
+
+
+def _padded_attention(q, k, v, mask, flash_kwargs):
+    """Unpad -> varlen -> pad. mask (batch, kv_len), True/1 = token; outputs at padded queries are 0."""
+    batch, q_len = q.shape[:2]
+    kv_len = mask.shape[1]
+    if kv_len > k.shape[1] or q_len > kv_len:
+        raise ValueError(f"flash_attn2: attention_mask covers {kv_len} key positions; expected at most the "
+                         f"{k.shape[1]} keys and at least the {q_len} queries")
+    # A static cache holds more key slots than the mask covers; the slots past it are unused.
+    k, v = k[:, :kv_len], v[:, :kv_len]
+    k, indices_k, cu_seqlens_k, max_seqlen_k, _ = unpad_input(k, mask)
+    v = v.reshape(-1, *v.shape[2:])[indices_k]
+    if q_len == kv_len:
+        q, indices_q = q.reshape(-1, *q.shape[2:])[indices_k], indices_k
+        cu_seqlens_q, max_seqlen_q = cu_seqlens_k, max_seqlen_k
+    else:  # the queries are the last q_len positions (decoding after a cache; padding is on the left)
+        q, indices_q, cu_seqlens_q, max_seqlen_q, _ = unpad_input(q, mask[:, -q_len:])
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **flash_kwargs)
+    return pad_input(out, indices_q, batch, q_len)
+
+
+def _flat_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, flash_kwargs):
+    """Sequences laid end to end over the flattened batch (no padding)."""
+    batch = q.shape[0]
+    q, k, v = (t.reshape(-1, *t.shape[2:]) for t in (q, k, v))
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **flash_kwargs)
+    return out.view(batch, -1, *out.shape[1:])
+
+
+def _packed_cu_seqlens(position_ids, batch: int, seq_len: int):
+    """(cu_seqlens int32 over the flattened batch * seq_len tokens, max_seqlen) when position ids restart
+    inside a row, else None. A sequence starts at each row's first token and wherever a position is not the
+    previous one + 1, as in transformers' masks for sdpa/eager (masking_utils.find_packed_sequence_indices);
+    transformers' flash path only splits batch-1 rows where the position equals the row's minimum."""
+    if position_ids is None or seq_len == 1:
+        return None
+    if position_ids.dim() != 2 or position_ids.shape[1] != seq_len:
+        raise ValueError(f"flash_attn2: position_ids must be (batch, {seq_len}) to detect packed sequences, got "
+                         f"shape {tuple(position_ids.shape)}")
+    pos = position_ids.expand(batch, -1)  # models often pass (1, seq_len) for the whole batch
+    starts = torch.ones_like(pos, dtype=torch.bool)
+    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    if not starts[:, 1:].any():
+        return None
+    cu_seqlens = torch.cat([starts.flatten().nonzero().flatten(), starts.new_tensor([pos.numel()], dtype=torch.long)])
+    cu_seqlens = cu_seqlens.to(torch.int32)
+    return cu_seqlens, int(cu_seqlens.diff().max())
+
+
+register()

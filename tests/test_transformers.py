@@ -1,0 +1,274 @@
+"""attn_implementation="flash_attn2" in Hugging Face transformers (flash_attn2.integrations.transformers).
+
+Each model test runs twice. On CPU the two kernels the integration calls are swapped for float32 reference
+attention (after the real API's argument checks), so the integration's own logic is checked: the mask
+hook, unpad -> varlen -> pad, position_ids -> cu_seqlens, float32 -> bf16 casts, gradients through all of
+it. On CUDA (gpu mark) the real kernels run. Both compare a tiny randomly initialised Llama (GQA) against
+sdpa from the same weights, with the repository's rule: our error against an fp32 sdpa run must be at most
+twice sdpa-bf16's error against it, plus a small absolute term.
+"""
+
+import copy
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="Hugging Face transformers is not installed (pip install transformers)")
+
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, StaticCache  # noqa: E402
+from transformers import modeling_flash_attention_utils as hf_flash_utils  # noqa: E402
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_causal_mask  # noqa: E402
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
+
+import flash_attn2  # noqa: E402
+from flash_attn2.integrations import transformers as integration  # noqa: E402
+from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NAME = "flash_attn2"
+CPU_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=128)
+GPU_CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=64, vocab_size=1000)
+# Logits are O(1) (bf16 spacing near 1: 2^-7), losses ~ln(vocab): 5-7. Measured (H100, 12 seeds; CPU reference):
+# our errors 1e-3-1e-2 on logits, <= 1.3e-3 on losses (bf16 noise, as large as sdpa-bf16's), while a padding mask
+# left out put logits off by 0.6, and detaching the attention output (no gradient into q/k/v) put losses off by
+# 6e-3 (CPU) to 4e-2 (H100).
+LOGITS_ATOL, LOSS_ATOL = 1e-3, 2e-3
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request, monkeypatch):
+    """Where the model runs, its dtype, and the kernel calls the integration made: (kind, q dtype, cu_seqlens_q).
+
+    CPU: a float32 model (the integration casts q/k/v to bf16) and reference kernels. CUDA: bf16, real kernels.
+    """
+    cuda = request.param == "cuda"
+    if cuda and 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled (FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES)")
+    calls = []
+
+    def dense(q, k, v, **kwargs):
+        calls.append(("dense", q.dtype, None))
+        if cuda:
+            return flash_attn2.flash_attn_func(q, k, v, **kwargs)
+        with pytest.raises(ValueError, match="CUDA tensors"):  # every argument check but the device's passes
+            flash_attn2.flash_attn_func(q, k, v, **kwargs)
+        return attention_ref(q, k, v, kwargs["causal"], kwargs["softmax_scale"])[0]
+
+    def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
+        calls.append(("varlen", q.dtype, cu_q.tolist()))
+        if cuda:
+            return flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+        with pytest.raises(ValueError, match="CUDA tensors"):
+            flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
+        assert (max_q, max_k) == (int(cu_q.diff().max()), int(cu_k.diff().max()))
+        return attention_ref_varlen(q, k, v, cu_q, cu_k, kwargs["causal"], kwargs["softmax_scale"])[0]
+
+    monkeypatch.setattr(integration, "flash_attn_func", dense)
+    monkeypatch.setattr(integration, "flash_attn_varlen_func", varlen)
+    return SimpleNamespace(device=request.param, dtype=torch.bfloat16 if cuda else torch.float32,
+                           config=GPU_CONFIG if cuda else CPU_CONFIG, seq_len=100 if cuda else 16, calls=calls)
+
+
+def tiny_llama(backend):
+    """Model under test (flash_attn2), an fp32 sdpa copy (the reference) and a bf16 sdpa copy, same weights."""
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**backend.config), attn_implementation=NAME)
+    model = model.to(backend.device, backend.dtype).eval()
+    ref, lowp = copy.deepcopy(model).float(), copy.deepcopy(model).to(torch.bfloat16)
+    for m in (ref, lowp):
+        m.set_attn_implementation("sdpa")
+    return model, ref, lowp
+
+
+def check(ours, ref, lowp, atol, what):
+    err, err_lowp = max_error(ours, ref), max_error(lowp, ref)
+    assert err <= 2 * err_lowp + atol, f"{what}: error {err:.3e} > 2 x sdpa-bf16's {err_lowp:.3e} + {atol}"
+
+
+def padded_batch(backend, padding):
+    """(input_ids, attention_mask) for 3 rows of lengths L, L-5, L//2+1, padded on the left or right (or not)."""
+    L = backend.seq_len
+    ids = torch.randint(backend.config["vocab_size"], (3, L), device=backend.device)
+    mask = torch.ones(3, L, dtype=torch.long, device=backend.device)
+    for row, n in enumerate((L, L - 5, L // 2 + 1) if padding else ()):
+        mask[row] = torch.arange(L, device=backend.device) < n
+        if padding == "left":
+            mask[row] = mask[row].flip(0)
+    return ids, mask
+
+
+# ----------------------------------------------------------------------------------------------------
+# Logits and training against sdpa
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("padding", [None, "left", "right"])
+def test_logits_match_sdpa(backend, padding, cache):
+    """Prefill (compared at non-padded positions), then one decode step through the KV cache. A static cache
+    holds more key slots than the mask covers: the integration must leave the empty ones out."""
+    model, ref, lowp = tiny_llama(backend)
+    ids, mask = padded_batch(backend, padding)
+    next_ids = torch.randint(backend.config["vocab_size"], (3, 1), device=backend.device)
+    next_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    logits = []
+    with torch.no_grad():
+        for m in (model, ref, lowp):
+            past = StaticCache(config=m.config, max_cache_len=ids.shape[1] + 8) if cache == "static" else None
+            out = m(input_ids=ids, attention_mask=mask, past_key_values=past, use_cache=True)
+            step = m(input_ids=next_ids, attention_mask=next_mask, past_key_values=out.past_key_values)
+            logits.append((out.logits[mask.bool()].float(), step.logits[:, -1].float()))
+    (prefill, decode), (prefill_ref, decode_ref), (prefill_lowp, decode_lowp) = logits
+    check(prefill, prefill_ref, prefill_lowp, LOGITS_ATOL, "prefill logits")
+    check(decode, decode_ref, decode_lowp, LOGITS_ATOL, "decode logits")
+    # The mask hook hands None when every key slot holds a token (dense kernel), else the 2-D mask (varlen).
+    assert {kind for kind, *_ in backend.calls} == {"varlen" if padding or cache == "static" else "dense"}
+    assert {dtype for _, dtype, _ in backend.calls} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("rows", [[[37, 64, 23]], [[37, 64, 23], [50, 74]]], ids=["batch1", "batch2"])
+@pytest.mark.parametrize("given_seqlens", [False, True], ids=["position_ids", "cu_seq_lens"])
+def test_packed_sequences_match_separate(backend, rows, given_seqlens):
+    """Sequences packed into rows, positions restarting at 0, no padding mask, give each sequence's own logits
+    (run alone). With given_seqlens the model also gets cu_seq_lens_q/k and max_length_q/k, as
+    DataCollatorWithFlattening(return_flash_attn_kwargs=True) provides them."""
+    model, ref, lowp = tiny_llama(backend)
+    lengths = [n for row in rows for n in row]
+    seqs = [torch.randint(backend.config["vocab_size"], (1, n), device=backend.device) for n in lengths]
+    ids = torch.cat(seqs, dim=1).view(len(rows), -1)
+    position_ids = torch.cat([torch.arange(n, device=backend.device) for n in lengths]).view(len(rows), -1)
+    cu_seqlens = torch.tensor([0] + lengths, device=backend.device).cumsum(0)
+    kwargs = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max(lengths),
+                  max_length_k=max(lengths)) if given_seqlens else {}
+    with torch.no_grad():
+        packed = model(input_ids=ids, position_ids=position_ids, use_cache=False, **kwargs).logits.float()
+        separate_ref, separate_lowp = (torch.cat([m(input_ids=s, use_cache=False).logits.float() for s in seqs], dim=1)
+                                       for m in (ref, lowp))
+    check(packed.view(1, -1, packed.shape[-1]), separate_ref, separate_lowp, LOGITS_ATOL, "packed logits")
+    # every layer: one varlen call with these bounds
+    assert backend.calls == [("varlen", torch.bfloat16, cu_seqlens.tolist())] * backend.config["num_hidden_layers"]
+
+
+def test_training_losses_match_sdpa(backend):
+    """5 AdamW steps on right-padded batches (labels -100 at padding) from the same weights: flash_attn2's
+    losses stay as close to fp32 sdpa's as sdpa-bf16's do (twice, plus LOSS_ATOL)."""
+    model, ref, lowp = tiny_llama(backend)
+    batches = [padded_batch(backend, "right") for _ in range(5)]
+    losses = []
+    for m in (model, ref, lowp):
+        m.train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        step_losses = []
+        for ids, mask in batches:
+            loss = m(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(mask == 0, -100), use_cache=False).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            step_losses.append(loss.item())
+        losses.append(torch.tensor(step_losses))
+    check(*losses, LOSS_ATOL, f"losses {[l.tolist() for l in losses]} (flash_attn2, fp32 sdpa, bf16 sdpa)")
+
+
+@pytest.mark.parametrize("backend", ["cpu"], indirect=True)  # integration logic only; fp16 may not be compiled
+@pytest.mark.parametrize("context", ["fp16 module", "autocast"])
+def test_float32_inputs_run_in_transformers_target_dtype(backend, context):
+    """float32 q/k/v run in the dtype transformers' flash path picks (the module's Linear dtype, or autocast's),
+    and the output comes back in float32."""
+    model, *_ = tiny_llama(backend)
+    attn = model.model.layers[0].self_attn
+    q, k, v = (torch.randn(2, n, 8, backend.config["head_dim"], device=backend.device)
+               for n in (backend.config["num_attention_heads"], 2, 2))
+    if context == "fp16 module":
+        attn.half()
+        out, weights = integration.flash_attn2_attention_forward(attn, q, k, v, None, scaling=0.5)
+    else:
+        with torch.autocast(backend.device, dtype=torch.float16):
+            out, weights = integration.flash_attn2_attention_forward(attn, q, k, v, None, scaling=0.5)
+    assert backend.calls == [("dense", torch.float16, None)]
+    assert weights is None and out.dtype == torch.float32 and out.shape == (2, 8, q.shape[1], q.shape[3])
+    expected = attention_ref(*(t.transpose(1, 2).half() for t in (q, k, v)), causal=True, softmax_scale=0.5)[0]
+    assert max_error(out, expected) < 1e-2
+
+
+# ----------------------------------------------------------------------------------------------------
+# Registration and imports
+
+
+def test_registration_is_idempotent_and_accepted_by_models():
+    wrapped = hf_flash_utils._lazy_imports  # wrapped once, at import
+    integration.register()
+    integration.register()
+    assert hf_flash_utils._lazy_imports is wrapped
+    assert ALL_ATTENTION_FUNCTIONS[NAME] is integration.flash_attn2_attention_forward
+    assert ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[NAME] is integration.flash_attn2_mask
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME)
+    assert model.config._attn_implementation == NAME
+    model.set_attn_implementation("sdpa")
+    assert model.config._attn_implementation == "sdpa"
+    model.set_attn_implementation(NAME)
+    assert model.config._attn_implementation == NAME
+
+
+def run_python(code):
+    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_importing_flash_attn2_does_not_import_transformers():
+    result = run_python("import sys, flash_attn2; print(any(m.split('.')[0] == 'transformers' for m in sys.modules))")
+    assert result.returncode == 0 and result.stdout.strip() == "False", result.stderr
+
+
+def test_integration_without_transformers_says_how_to_install():
+    result = run_python("import sys; sys.modules['transformers'] = None; import flash_attn2.integrations.transformers")
+    assert result.returncode != 0
+    assert "ImportError" in result.stderr and "pip install transformers" in result.stderr, result.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# What flash_attn2 cannot honour raises before any kernel runs (so these run on CPU, real kernels in place)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(sliding_window=4), NotImplementedError, "sliding_window=4"),
+    (dict(softcap=30.0), NotImplementedError, "softcap=30.0"),
+    (dict(dropout=0.1), NotImplementedError, "dropout=0.1 while training"),
+    (dict(s_aux=torch.zeros(4)), NotImplementedError, r"sinks \(s_aux\)"),
+    (dict(output_attentions=True), NotImplementedError, "output_attentions=True"),
+    (dict(position_bias=torch.zeros(1, 4, 8, 12)), NotImplementedError, "argument.*position_bias"),
+    (dict(attention_mask=torch.ones(1, 1, 8, 12, dtype=torch.bool)), NotImplementedError, "custom 4-D masks"),
+    (dict(position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])), NotImplementedError, "packed sequences.*KV cache"),
+    (dict(cu_seq_lens_q=torch.tensor([0, 8])), ValueError, "cu_seq_lens_q must come as all four"),
+], ids=["sliding_window", "softcap", "dropout", "s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
+        "packed_with_cache", "partial_cu_seq_lens"])
+def test_unsupported_arguments_raise(kwargs, error, match):
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME).train()
+    attn = model.model.layers[0].self_attn
+    q = torch.randn(1, 4, 8, 16)
+    k, v = torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
+    kwargs = {"attention_mask": None, **kwargs}
+    with pytest.raises(error, match=match):
+        integration.flash_attn2_attention_forward(attn, q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("config, train, kwargs, match", [
+    (MistralConfig(**CPU_CONFIG, sliding_window=8), False, {}, "sliding_window=8"),
+    (LlamaConfig(**CPU_CONFIG, attention_dropout=0.1), True, {}, "dropout=0.1 while training"),
+    (LlamaConfig(**CPU_CONFIG), False, {"output_attentions": True}, "output_attentions=True"),
+], ids=["sliding_window", "dropout", "output_attentions"])
+def test_unsupported_model_options_raise(config, train, kwargs, match):
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=NAME).train(train)
+    with pytest.raises(NotImplementedError, match=match):
+        model(input_ids=torch.randint(100, (2, 10)), **kwargs)
+
+
+def test_model_mask_functions_raise():
+    """A model's own or_mask_function (e.g. bidirectional image tokens) cannot ride on a 2-D padding mask."""
+    config = LlamaConfig(**CPU_CONFIG)
+    config._attn_implementation = NAME
+    with pytest.raises(NotImplementedError, match="or_mask_function"):
+        create_causal_mask(config, torch.zeros(1, 8, 64), torch.ones(1, 8, dtype=torch.bool), None,
+                           or_mask_function=lambda batch, head, q, kv: q == kv)
