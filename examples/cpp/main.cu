@@ -1,0 +1,359 @@
+// flash_attn2 from C++ (flash_attn2/flash_attn2.h): forward and backward on the GPU, checked against a
+// float64 CPU reference. Causal (bottom-right aligned) with seqlen_q < seqlen_k and seqlen_q > seqlen_k,
+// GQA (4 query heads over 2 kv heads), head dim 64; the backward with atomic dq and deterministic (run
+// twice, bitwise equal); and params that must be refused (wrong header version, NaN softmax_scale).
+// Exit status: 0 passed, 1 failed, 77 skipped (no CUDA device of compute capability 8.0 or newer).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <flash_attn2/flash_attn2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace fa = flash_attn2;
+
+#define CUDA_CHECK(call)                                                                                     \
+  do {                                                                                                       \
+    const cudaError_t err_ = (call);                                                                         \
+    if (err_ != cudaSuccess) {                                                                               \
+      std::printf("FAILED %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_));           \
+      std::exit(1);                                                                                          \
+    }                                                                                                        \
+  } while (0)
+
+// run_fwd / run_bwd return a cudaError_t; last_error_message() says why.
+#define FA_CHECK(call)                                                                                       \
+  do {                                                                                                       \
+    const cudaError_t err_ = (call);                                                                         \
+    if (err_ != cudaSuccess) {                                                                               \
+      std::printf("FAILED %s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorName(err_),          \
+                  fa::last_error_message());                                                                 \
+      std::exit(1);                                                                                          \
+    }                                                                                                        \
+  } while (0)
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Tolerances: max |result - reference| <= tol * max |reference| per tensor. The kernels round P and dS to
+// the input dtype before their tensor-core products, and the results at the end: a few units of roundoff
+// (bf16 2^-8, fp16 2^-11) relative to the largest value. lse is fp32 throughout: absolute error.
+struct Tolerance {
+  double out, grad;
+};
+constexpr Tolerance kBf16Tol{1e-2, 2e-2}, kFp16Tol{2e-3, 4e-3};
+constexpr double kLseTol = 1e-3;
+
+uint16_t to_bits(float x, fa::DType t) {
+  if (t == fa::DType::kBFloat16) return __nv_bfloat16_raw(__float2bfloat16_rn(x)).x;
+  return __half_raw(__float2half_rn(x)).x;
+}
+
+float from_bits(uint16_t bits, fa::DType t) {
+  if (t == fa::DType::kBFloat16) return __bfloat162float(__nv_bfloat16(__nv_bfloat16_raw{bits}));
+  return __half2float(__half(__half_raw{bits}));
+}
+
+// A device buffer, freed on scope exit.
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes;
+  explicit DeviceBuffer(size_t n) : bytes(std::max<size_t>(n, 1)) { CUDA_CHECK(cudaMalloc(&ptr, bytes)); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(ptr); }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr); }
+  void poison() const { CUDA_CHECK(cudaMemset(ptr, 0xff, bytes)); }  // NaN in fp32, fp16 and bf16
+  template <class T>
+  std::vector<T> download(size_t n) const {
+    std::vector<T> host(n);
+    CUDA_CHECK(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+  }
+};
+
+struct Case {
+  int batch, seqlen_q, seqlen_k, heads, heads_k, head_dim;
+  bool causal;
+};
+
+// Random 16-bit values in [-1, 1) from a fixed-seed LCG: the same inputs on every platform.
+std::vector<uint16_t> random_tensor(size_t n, uint64_t seed, fa::DType t) {
+  std::vector<uint16_t> bits(n);
+  for (auto& b : bits) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    b = to_bits(float(double(seed >> 40) / double(1 << 23) - 1.0), t);
+  }
+  return bits;
+}
+
+std::vector<double> to_double(const std::vector<uint16_t>& bits, fa::DType t) {
+  std::vector<double> x(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) x[i] = from_bits(bits[i], t);
+  return x;
+}
+
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+// Softmax attention and its gradients in float64. Query row i of a sequence sees keys j <= i + seqlen_k -
+// seqlen_q (causal, bottom-right); query head h reads kv head h / (heads / heads_k).
+Reference reference(const Case& c, double scale, const std::vector<double>& q, const std::vector<double>& k,
+                    const std::vector<double>& v, const std::vector<double>& dout) {
+  const int d = c.head_dim, group = c.heads / c.heads_k;
+  Reference r{std::vector<double>(q.size()), std::vector<double>(size_t(c.batch) * c.heads * c.seqlen_q, -kInf),
+              std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
+  std::vector<double> p(c.seqlen_k);
+  for (int b = 0; b < c.batch; ++b) {
+    for (int h = 0; h < c.heads; ++h) {
+      for (int i = 0; i < c.seqlen_q; ++i) {
+        const int last = c.causal ? std::min(c.seqlen_k - 1, i + c.seqlen_k - c.seqlen_q) : c.seqlen_k - 1;
+        if (last < 0) continue;  // sees no key: out 0, lse -inf, no gradient
+        const size_t qi = ((size_t(b) * c.seqlen_q + i) * c.heads + h) * d;
+        auto kv = [&](int j) { return ((size_t(b) * c.seqlen_k + j) * c.heads_k + h / group) * d; };
+        double max_s = -kInf;
+        for (int j = 0; j <= last; ++j) {
+          double s = 0;
+          for (int x = 0; x < d; ++x) s += q[qi + x] * k[kv(j) + x];
+          p[j] = s * scale;
+          max_s = std::max(max_s, p[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= last; ++j) sum += std::exp(p[j] - max_s);
+        const double lse = max_s + std::log(sum);
+        r.lse[(size_t(b) * c.heads + h) * c.seqlen_q + i] = lse;
+        for (int j = 0; j <= last; ++j) {
+          p[j] = std::exp(p[j] - lse);
+          for (int x = 0; x < d; ++x) r.out[qi + x] += p[j] * v[kv(j) + x];
+        }
+        double delta = 0;  // rowsum(dP * P) = dout . out
+        for (int x = 0; x < d; ++x) delta += dout[qi + x] * r.out[qi + x];
+        for (int j = 0; j <= last; ++j) {
+          double dp = 0;
+          for (int x = 0; x < d; ++x) dp += dout[qi + x] * v[kv(j) + x];
+          const double ds = p[j] * (dp - delta) * scale;
+          for (int x = 0; x < d; ++x) {
+            r.dq[qi + x] += ds * k[kv(j) + x];
+            r.dk[kv(j) + x] += ds * q[qi + x];
+            r.dv[kv(j) + x] += p[j] * dout[qi + x];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+bool check(const char* what, const std::vector<double>& ref, const DeviceBuffer& got_dev, fa::DType t, double tol) {
+  const std::vector<uint16_t> got = got_dev.download<uint16_t>(ref.size());
+  double err = 0, max_ref = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double e = std::fabs(from_bits(got[i], t) - ref[i]);
+    err = std::isnan(e) ? kInf : std::max(err, e);
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+  }
+  const bool ok = err <= tol * max_ref;
+  std::printf("    %-4s max|err| %.2e  max|ref| %.2e  ratio %.2e <= %.0e  %s\n", what, err, max_ref,
+              max_ref > 0 ? err / max_ref : err, tol, ok ? "ok" : "FAIL");
+  return ok;
+}
+
+bool check_lse(const std::vector<double>& ref, const DeviceBuffer& got_dev) {
+  const std::vector<float> got = got_dev.download<float>(ref.size());
+  double err = 0;
+  int no_key_rows = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i] == -kInf) {
+      ++no_key_rows;
+      if (got[i] != -std::numeric_limits<float>::infinity()) err = kInf;
+    } else {
+      const double e = std::fabs(got[i] - ref[i]);
+      err = std::isnan(e) ? kInf : std::max(err, e);
+    }
+  }
+  const bool ok = err <= kLseTol;
+  std::printf("    lse  max|err| %.2e <= %.0e, -inf on the %d rows that see no key  %s\n", err, kLseTol, no_key_rows,
+              ok ? "ok" : "FAIL");
+  return ok;
+}
+
+bool bitwise_equal(const DeviceBuffer& a, const std::vector<uint16_t>& b) {
+  return a.download<uint16_t>(b.size()) == b;
+}
+
+// A refused call: cudaErrorInvalidValue and a last_error_message() that mentions `topic`.
+bool check_refused(const char* what, cudaError_t err, const char* topic) {
+  const char* message = fa::last_error_message();
+  const bool ok = err == cudaErrorInvalidValue && std::strstr(message, topic) != nullptr;
+  std::printf("    %s: %s, \"%s\"  %s\n", what, cudaGetErrorName(err), message, ok ? "ok" : "FAIL");
+  return ok;
+}
+
+bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cudaStream_t stream, bool refusals) {
+  std::printf("  batch %d, seqlen_q %d, seqlen_k %d, heads %d, heads_k %d, head dim %d, %s\n", c.batch, c.seqlen_q,
+              c.seqlen_k, c.heads, c.heads_k, c.head_dim, c.causal ? "causal" : "not causal");
+  const size_t nq = size_t(c.batch) * c.seqlen_q * c.heads * c.head_dim;
+  const size_t nk = size_t(c.batch) * c.seqlen_k * c.heads_k * c.head_dim;
+  const size_t nlse = size_t(c.batch) * c.heads * c.seqlen_q;
+  const std::vector<uint16_t> q = random_tensor(nq, 1, t), k = random_tensor(nk, 2, t), v = random_tensor(nk, 3, t),
+                              dout = random_tensor(nq, 4, t);
+  DeviceBuffer q_dev(nq * 2), k_dev(nk * 2), v_dev(nk * 2), out_dev(nq * 2), lse_dev(nlse * 4), dout_dev(nq * 2),
+      dq_dev(nq * 2), dk_dev(nk * 2), dv_dev(nk * 2);
+  auto upload = [](const DeviceBuffer& dev, const std::vector<uint16_t>& host) {
+    CUDA_CHECK(cudaMemcpy(dev.ptr, host.data(), host.size() * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  };
+  upload(q_dev, q);
+  upload(k_dev, k);
+  upload(v_dev, v);
+  upload(dout_dev, dout);
+
+  // (batch, seqlen, heads, head_dim), contiguous: strides in elements.
+  const int64_t q_row = int64_t(c.heads) * c.head_dim, k_row = int64_t(c.heads_k) * c.head_dim;
+  fa::FwdParams p{};  // {} sets version and size from this header and zeroes the rest
+  p.q = q_dev.ptr;
+  p.k = k_dev.ptr;
+  p.v = v_dev.ptr;
+  p.out = out_dev.ptr;
+  p.lse = lse_dev.as<float>();
+  p.q_batch_stride = p.o_batch_stride = c.seqlen_q * q_row;
+  p.q_row_stride = p.o_row_stride = q_row;
+  p.q_head_stride = p.o_head_stride = c.head_dim;
+  p.k_batch_stride = p.v_batch_stride = c.seqlen_k * k_row;
+  p.k_row_stride = p.v_row_stride = k_row;
+  p.k_head_stride = p.v_head_stride = c.head_dim;
+  p.lse_batch_stride = int64_t(c.heads) * c.seqlen_q;  // lse is (batch, heads, seqlen_q)
+  p.lse_head_stride = c.seqlen_q;
+  p.batch = c.batch;
+  p.num_heads = c.heads;
+  p.num_heads_k = c.heads_k;
+  p.head_dim = c.head_dim;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_k = c.seqlen_k;
+  p.total_q = int64_t(c.batch) * c.seqlen_q;
+  p.total_k = int64_t(c.batch) * c.seqlen_k;
+  p.cu_seqlens_q = p.cu_seqlens_k = nullptr;  // fixed length
+  p.softmax_scale = 1.0f / std::sqrt(float(c.head_dim));
+  p.causal = c.causal;
+  p.dtype = t;
+
+  out_dev.poison();
+  lse_dev.poison();
+  FA_CHECK(fa::run_fwd(p, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  const Reference ref = reference(c, p.softmax_scale, to_double(q, t), to_double(k, t), to_double(v, t),
+                                  to_double(dout, t));
+  std::printf("   forward\n");
+  bool ok = check("out", ref.out, out_dev, t, tol.out);
+  ok &= check_lse(ref.lse, lse_dev);
+
+  fa::BwdParams g{};
+  static_cast<fa::FwdParams&>(g) = p;  // the forward's params, with out and lse now inputs
+  g.dout = dout_dev.ptr;
+  g.dq = dq_dev.ptr;
+  g.dk = dk_dev.ptr;
+  g.dv = dv_dev.ptr;
+  g.do_batch_stride = g.dq_batch_stride = p.q_batch_stride;
+  g.do_row_stride = g.dq_row_stride = p.q_row_stride;
+  g.do_head_stride = g.dq_head_stride = p.q_head_stride;
+  g.dk_batch_stride = g.dv_batch_stride = p.k_batch_stride;
+  g.dk_row_stride = g.dv_row_stride = p.k_row_stride;
+  g.dk_head_stride = g.dv_head_stride = p.k_head_stride;
+
+  std::vector<uint16_t> first[3];
+  for (int run = 0; run < 3; ++run) {  // atomic dq; then deterministic twice
+    g.num_splits = run == 0 ? 0 : fa::bwd_deterministic_splits(g, num_sms);
+    // Workspace: fp32, sized by the library for these params (num_splits included).
+    DeviceBuffer softmax_d(fa::bwd_softmax_d_elems(g) * sizeof(float)), dq_accum(fa::bwd_dq_accum_elems(g) * sizeof(float));
+    g.softmax_d = softmax_d.as<float>();
+    g.dq_accum = dq_accum.as<float>();
+    dq_dev.poison();
+    dk_dev.poison();
+    dv_dev.poison();
+    FA_CHECK(fa::run_bwd(g, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (run < 2) {
+      std::printf("   backward, %s\n", run == 0 ? "atomic dq" : "deterministic");
+      if (run == 1) std::printf("    num_splits %d\n", g.num_splits);
+      ok &= check("dq", ref.dq, dq_dev, t, tol.grad);
+      ok &= check("dk", ref.dk, dk_dev, t, tol.grad);
+      ok &= check("dv", ref.dv, dv_dev, t, tol.grad);
+      if (run == 1) {
+        first[0] = dq_dev.download<uint16_t>(nq);
+        first[1] = dk_dev.download<uint16_t>(nk);
+        first[2] = dv_dev.download<uint16_t>(nk);
+      }
+    } else {
+      const bool same = bitwise_equal(dq_dev, first[0]) && bitwise_equal(dk_dev, first[1]) && bitwise_equal(dv_dev, first[2]);
+      std::printf("    second deterministic run bitwise equal  %s\n", same ? "ok" : "FAIL");
+      ok &= same;
+    }
+  }
+
+  if (!refusals) return ok;
+  std::printf("   refused params\n");
+  fa::FwdParams bad = p;
+  bad.version = FLASH_ATTN2_PARAMS_VERSION + 1;  // as if compiled against another flash_attn2.h
+  ok &= check_refused("run_fwd, version + 1", fa::run_fwd(bad, stream), "version");
+  fa::BwdParams bad_bwd = g;
+  bad_bwd.version = FLASH_ATTN2_PARAMS_VERSION + 1;
+  ok &= check_refused("run_bwd, version + 1", fa::run_bwd(bad_bwd, stream), "version");
+  bad = p;
+  bad.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  ok &= check_refused("run_fwd, softmax_scale NaN", fa::run_fwd(bad, stream), "softmax_scale");
+  FA_CHECK(fa::run_fwd(p, stream));  // a success clears the message
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const bool cleared = fa::last_error_message()[0] == '\0';
+  std::printf("    last_error_message() empty after a success  %s\n", cleared ? "ok" : "FAIL");
+  return ok && cleared;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&devices);
+  if (probe == cudaErrorNoDevice || probe == cudaErrorInsufficientDriver || (probe == cudaSuccess && devices == 0)) {
+    std::printf("SKIPPED: no CUDA device (%s)\n", probe == cudaSuccess ? "none found" : cudaGetErrorString(probe));
+    return 77;
+  }
+  CUDA_CHECK(probe);
+  CUDA_CHECK(cudaSetDevice(0));
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (prop.major < 8) {
+    std::printf("SKIPPED: %s is sm_%d%d; flash_attn2 needs sm_80 or newer\n", prop.name, prop.major, prop.minor);
+    return 77;
+  }
+
+  const int head_dim = 64;
+  const fa::DType t = fa::fwd_head_dim_bucket(head_dim, fa::DType::kBFloat16) ? fa::DType::kBFloat16 : fa::DType::kFloat16;
+  if (fa::fwd_head_dim_bucket(head_dim, t) == 0) {
+    std::printf("FAILED: this flash_attn2 has no kernel for head dim %d (FLASH_ATTN2_HEAD_DIMS)\n", head_dim);
+    return 1;
+  }
+  std::printf("flash_attn2 C++ example: %s (sm_%d%d, %d SMs), %s, params version %d\n", prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, t == fa::DType::kBFloat16 ? "bf16" : "fp16",
+              FLASH_ATTN2_PARAMS_VERSION);
+
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreate(&stream));
+  const Tolerance tol = t == fa::DType::kBFloat16 ? kBf16Tol : kFp16Tol;
+  // seqlen_q < seqlen_k, then seqlen_q > seqlen_k (its first 54 query rows see no key).
+  bool ok = run_case(Case{2, 77, 131, 4, 2, head_dim, true}, t, tol, prop.multiProcessorCount, stream, true);
+  ok &= run_case(Case{2, 131, 77, 4, 2, head_dim, true}, t, tol, prop.multiProcessorCount, stream, false);
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  std::printf(ok ? "PASSED\n" : "FAILED\n");
+  return ok ? 0 : 1;
+}
