@@ -165,7 +165,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
   const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
-  if (params.cu_seqlens_q != nullptr) {  // rows outside every sequence, shared by the head's blocks
+  if (params.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
     const UncoveredRows uncovered(params.cu_seqlens_q, params.batch, params.total_q);
     uncovered.zero_fill(static_cast<typename Traits::Element*>(params.out) + tile.bidh * params.o_head_stride,
                         params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,

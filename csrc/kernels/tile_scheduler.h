@@ -8,9 +8,10 @@
 // Varlen: max_seqlen_q is only a hint, so the grid is sized from the packed length instead. Each head gets
 // total_q / kBlockM + batch tile slots: sequence b's tiles take the slots from
 // first_slot(b) = start_b / kBlockM + b on, which leaves room for its ceil(len_b / kBlockM) tiles before
-// sequence b + 1's first slot (a sequence leaves at most one slot empty). A block finds its sequence by a
-// 32-way search over cu_seqlens (two rounds up to 1024 sequences). Skewed batches launch far fewer blocks
-// than batch * ceil(max_seqlen / kBlockM) would.
+// sequence b + 1's first slot (a sequence leaves at most one slot empty). Blocks go sequence by sequence,
+// then head by head, the query tile fastest, as for fixed length: the longest sequence's heavy tiles
+// start first. A block finds its sequence by a 32-way search over cu_seqlens (two rounds up to 1024
+// sequences). Skewed batches launch far fewer blocks than batch * ceil(max_seqlen / kBlockM) would.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,9 @@ template <int kBlockM>
 struct QueryTileScheduler {
   struct Tile {
     int bidb, bidh, m_block;
-    bool valid;       // false: an empty slot, or rows past a short sequence
-    int rank, ranks;  // this block among the head's blocks (they share the head's zero-fill work)
+    bool valid;       // a tile to compute (not an empty slot)
+    bool owns_slot;   // slot `rank` of head bidh: a share of that head's zero-fill work
+    int rank, ranks;  // this block's slot among the head's `ranks` slots
   };
 
   __host__ __device__ static int64_t slots_per_head(const FwdParams& p) {
@@ -36,43 +38,51 @@ struct QueryTileScheduler {
   __host__ __device__ static int64_t num_blocks(const FwdParams& p) { return slots_per_head(p) * p.num_heads; }
 
   __device__ static Tile get(const FwdParams& p) {
+    const int block = int(blockIdx.x);
     if (p.cu_seqlens_q == nullptr) {
       const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-      const int rank = int(blockIdx.x % num_m_blocks);
-      const int bidh = int(blockIdx.x / num_m_blocks) % p.num_heads;
-      const int bidb = int(blockIdx.x / num_m_blocks) / p.num_heads;
-      return {bidb, bidh, num_m_blocks - 1 - rank, true, bidb * num_m_blocks + rank, p.batch * num_m_blocks};
+      const int rank = block % num_m_blocks;
+      const int bidh = block / num_m_blocks % p.num_heads;
+      const int bidb = block / num_m_blocks / p.num_heads;
+      return {bidb, bidh, num_m_blocks - 1 - rank, true, true, bidb * num_m_blocks + rank, p.batch * num_m_blocks};
     }
+    // Sequence b's blocks are [heads * first_slot(b), heads * first_slot(b + 1)), head-major; b = -1 and
+    // b = batch stand for the empty slots before the first sequence and after the last.
     const int ranks = int(slots_per_head(p));
-    const int slot = int(blockIdx.x % ranks);
-    const int bidh = int(blockIdx.x / ranks);
-    const int bidb = sequence_of_slot(p.cu_seqlens_q, p.batch, p.total_q, slot);
-    const RowRange rows = packed_rows(p.cu_seqlens_q, bidb, p.total_q);
-    const int num_tiles = int((rows.end - rows.begin + kBlockM - 1) / kBlockM);
-    const int j = slot - first_slot(p.cu_seqlens_q, bidb, p.total_q);  // this sequence's j-th slot
-    return {bidb, bidh, num_tiles - 1 - j, 0 <= j && j < num_tiles, slot, ranks};
+    const int bidb = sequence_of_block(p, block);
+    const int first = bidb < 0 ? 0 : first_slot(p, bidb);
+    const int slots = (bidb == p.batch ? ranks : first_slot(p, bidb + 1)) - first;  // < 1: bad cu_seqlens
+    const int r = block - p.num_heads * first;
+    const int bidh = slots > 0 ? r / slots : -1, j = slots > 0 ? r % slots : -1;  // this sequence's j-th slot
+    int num_tiles = 0;
+    if (0 <= bidb && bidb < p.batch) {
+      const RowRange rows = packed_rows(p.cu_seqlens_q, bidb, p.total_q);
+      num_tiles = int((rows.end - rows.begin + kBlockM - 1) / kBlockM);
+    }
+    const bool owns_slot = 0 <= bidh && bidh < p.num_heads && first + j < ranks;
+    return {bidb, bidh, num_tiles - 1 - j, owns_slot && j < num_tiles, owns_slot, first + j, ranks};
   }
 
  private:
-  __device__ static int first_slot(const int* cu_seqlens, int b, int64_t total) {
-    return int(clamp_row(cu_seqlens[b], 0, total) / kBlockM) + b;
+  __device__ static int first_slot(const FwdParams& p, int b) {
+    return int(clamp_row(p.cu_seqlens_q[b], 0, p.total_q) / kBlockM) + b;
   }
 
-  // The last b with first_slot(b) <= slot (0 if none). Every warp searches, 32 candidates per round; all
-  // 32 lanes must be active.
-  __device__ static int sequence_of_slot(const int* cu_seqlens, int batch, int64_t total, int slot) {
+  // The last b in 0..batch with heads * first_slot(b) <= block, or -1. Every warp searches, 32
+  // candidates per round; all 32 lanes must be active.
+  __device__ static int sequence_of_block(const FwdParams& p, int block) {
     const int lane = threadIdx.x % 32;
-    int lo = 0, span = batch;  // the answer lies in [lo, lo + span)
+    int lo = 0, span = p.batch + 1;  // the answer lies in [lo, lo + span), or is -1
     while (span > 1) {
       const int stride = (span + 31) / 32;
       const int b = lo + lane * stride;
-      const bool at_or_before = b < lo + span && first_slot(cu_seqlens, b, total) <= slot;
+      const bool at_or_before = b < lo + span && int64_t(p.num_heads) * first_slot(p, b) <= block;
       const unsigned ballot = __ballot_sync(0xffffffffu, at_or_before);
       const int k = ballot ? 31 - __clz(ballot) : 0;
       lo += k * stride;
       span = min(stride, span - k * stride);
     }
-    return lo;
+    return int64_t(p.num_heads) * first_slot(p, lo) <= block ? lo : -1;
   }
 };
 
