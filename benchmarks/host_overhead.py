@@ -4,9 +4,9 @@
 
 On a tiny shape (default b=1, s=128, h=8, d=64, bf16) the kernels take a few microseconds, so back-to-back
 calls timed with a host clock measure what the host spends per call: argument checks, dispatch, autograd
-bookkeeping, allocation and the launch. Each row is the median over `repeats` loops of `calls` calls (the
-device is synchronized between loops, outside the timing), with the GPU time per call from CUDA events
-beside it: while the GPU time stays below the host time, the host time is the overhead.
+bookkeeping, allocation and the launch. Each cell is the median over `repeats` loops of `calls` calls, the
+loops of all rows alternating (the device is synchronized between loops, outside the timing), with the GPU
+time per call from CUDA events beside it: the GPU waits for the host while the two are equal.
 
 SDPA is called as a user holding flash-attn's (batch, seqlen, heads, dim) tensors would (transposed views),
 and on native (batch, heads, seqlen, dim) tensors; flash_attn2 takes (batch, seqlen, heads, dim).
@@ -23,14 +23,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-def per_call(fn, calls: int, repeats: int) -> tuple[float, float]:
-    """(median host microseconds per call, median GPU microseconds per call)."""
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    host, gpu = [], []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+def time_loop(fn, backend, calls: int) -> tuple[float, float]:
+    """(host microseconds per call, GPU microseconds per call) of one loop of `calls` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with sdpa_kernel(backend):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         start.record()
@@ -39,9 +35,19 @@ def per_call(fn, calls: int, repeats: int) -> tuple[float, float]:
         end.record()
         t1 = time.perf_counter()
         torch.cuda.synchronize()
-        host.append((t1 - t0) / calls * 1e6)
-        gpu.append(start.elapsed_time(end) / calls * 1e3)
-    return statistics.median(host), statistics.median(gpu)
+    return (t1 - t0) / calls * 1e6, start.elapsed_time(end) / calls * 1e3
+
+
+def per_call(fns: dict, calls: int, repeats: int) -> dict:
+    """name -> (median host us per call, median GPU us per call) for fns: name -> (fn, SDPA backend). The
+    loops of all fns alternate, so a drift of the host's speed during the run reaches every row alike."""
+    for fn, backend in fns.values():
+        time_loop(fn, backend, 10)
+    samples = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, (fn, backend) in fns.items():
+            samples[name].append(time_loop(fn, backend, calls))
+    return {name: (statistics.median(h for h, _ in s), statistics.median(g for _, g in s)) for name, s in samples.items()}
 
 
 def main(argv=None):
@@ -70,8 +76,8 @@ def main(argv=None):
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, shape (b, s, h, d) = {shape} bf16; "
           f"median of {args.repeats} x {args.calls} calls, microseconds per call (host / GPU)")
     print(f"{'call':24} {'backend':8} {'forward, no grad':>18} {'forward, grad':>18} {'forward+backward':>18}")
-    for backend in ("flash", "cudnn"):
-        sdpa_backend = SDPBackend.FLASH_ATTENTION if backend == "flash" else SDPBackend.CUDNN_ATTENTION
+    rows = {}  # (name, backend) -> {step: fn}
+    for backend, sdpa_backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         for name, fn in calls.items():
             if name == "flash_attn2" and backend != "flash":
                 continue
@@ -79,23 +85,21 @@ def main(argv=None):
             leaves = [t.detach().requires_grad_() for t in inputs]
             grad_out = dout.transpose(1, 2).contiguous() if name in native else dout
 
-            def no_grad():
+            def no_grad(fn=fn, inputs=inputs):
                 with torch.no_grad():
                     fn(*inputs)
 
-            def train_forward():
-                fn(*leaves)
-
-            def train_step():
-                fn(*leaves).backward(grad_out)
-
-            cells = []
-            with sdpa_kernel(sdpa_backend):
-                for step in (no_grad, train_forward, train_step):
-                    host, gpu = per_call(step, args.calls, args.repeats)
-                    cells.append(f"{host:8.1f} / {gpu:6.1f}")
-            label = "-" if name == "flash_attn2" else backend
-            print(f"{name:24} {label:8} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
+            rows[(name, backend)] = {
+                "no_grad": (no_grad, sdpa_backend),
+                "grad": (lambda fn=fn, leaves=leaves: fn(*leaves), sdpa_backend),
+                "step": (lambda fn=fn, leaves=leaves, g=grad_out: fn(*leaves).backward(g), sdpa_backend),
+            }
+    results = {step: per_call({key: row[step] for key, row in rows.items()}, args.calls, args.repeats)
+               for step in ("no_grad", "grad", "step")}
+    for key in rows:
+        cells = [f"{results[step][key][0]:8.1f} / {results[step][key][1]:6.1f}" for step in ("no_grad", "grad", "step")]
+        label = "-" if key[0] == "flash_attn2" else key[1]
+        print(f"{key[0]:24} {label:8} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
 
 
 if __name__ == "__main__":
