@@ -36,6 +36,8 @@ def _check_unsupported(dropout_p, softcap, alibi_slopes, block_table=None):
 
 def _causal_from_window(causal: bool, window_size, max_seqlen_k: int) -> bool:
     """flash-attn's window semantics; only the windows that mean 'none' or 'causal' are supported yet."""
+    if window_size == (-1, -1):  # the default, on every call
+        return causal
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
