@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <utility>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -30,78 +29,6 @@ DType dtype_of(const Tensor& t) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
                    "flash_attn2: q must be float16 or bfloat16, got ", t.scalar_type());
   return t.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
-}
-
-// What Python prints for a dtype and a shape, so that both versions of the checks read the same.
-std::string dtype_str(at::ScalarType dtype) { return "torch." + c10::getDtypeNames(dtype).first; }
-
-std::string tuple_str(at::IntArrayRef values) {
-  std::string s = "(";
-  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + std::to_string(values[i]);
-  return s + (values.size() == 1 ? ",)" : ")");
-}
-
-// flash_attn2/_checks.py's check_tensors for eager calls, in the same order, with the same messages and
-// error types (the Python version runs at trace time and for tensors not on a GPU, where Python's cost
-// would be a quarter of a small call's host time). tests/test_api_validation.py runs every case through both.
-void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
-                  const OptTensor& cu_seqlens_k) {
-  TORCH_CHECK_TYPE(cu_seqlens_q.has_value() == cu_seqlens_k.has_value(), "flash_attn2: ",
-                   cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q", " must be a torch.Tensor, got NoneType");
-  const bool varlen = cu_seqlens_q.has_value();
-  const int64_t ndim = varlen ? 3 : 4;
-  using Named = std::pair<const char*, const Tensor*>;
-  for (const auto& [name, t] : {Named{"q", &q}, Named{"k", &k}, Named{"v", &v}}) {
-    const at::ScalarType dtype = t->scalar_type();
-    TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16, "flash_attn2: ", name,
-                     " must be float16 or bfloat16, got ", dtype_str(dtype));
-    TORCH_CHECK_TYPE(dtype == q.scalar_type(), "flash_attn2: ", name, " must have q's dtype ",
-                     dtype_str(q.scalar_type()), ", got ", dtype_str(dtype));
-    TORCH_CHECK_VALUE(t->dim() == ndim, "flash_attn2: ", name, " must be ", ndim, "-D ",
-                      varlen ? "(total_tokens, nheads, headdim)" : "(batch, seqlen, nheads, headdim)", ", got shape ",
-                      tuple_str(t->sizes()));
-    TORCH_CHECK_VALUE(t->stride(-1) == 1, "flash_attn2: ", name,
-                      " must have a contiguous last dimension (stride 1), got strides ", tuple_str(t->strides()));
-  }
-  const int64_t head_dim = q.size(-1), heads = q.size(-2), heads_k = k.size(-2);
-  TORCH_CHECK_VALUE(0 < head_dim && head_dim <= 256, "flash_attn2: head dim (q.shape[-1]) must be in 1..256, got ",
-                    head_dim);
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "flash_attn2: k and v must have the same shape, got ", tuple_str(k.sizes()),
-                    " and ", tuple_str(v.sizes()));
-  TORCH_CHECK_VALUE(k.size(-1) == head_dim, "flash_attn2: k's head dim must equal q's (", head_dim, "), got ",
-                    k.size(-1));
-  TORCH_CHECK_VALUE(heads_k != 0 && heads != 0 && heads % heads_k == 0, "flash_attn2: q's nheads (", heads,
-                    ") must be a positive multiple of k/v's nheads (", heads_k, ")");
-  if (!varlen) {
-    TORCH_CHECK_VALUE(q.size(0) != 0, "flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)");
-    TORCH_CHECK_VALUE(k.size(0) == q.size(0), "flash_attn2: k's batch size (", k.size(0), ") must equal q's (",
-                      q.size(0), ")");
-  }
-  for (const auto& [name, t] : {Named{"k", &k}, Named{"v", &v}}) {
-    TORCH_CHECK_VALUE(t->device() == q.device(), "flash_attn2: ", name, " must be on q's device ", q.device(),
-                      ", got ", t->device());
-  }
-  if (!varlen) {
-    TORCH_CHECK_VALUE(q.size(1) <= flash_attn2::kMaxSeqlen && k.size(1) <= flash_attn2::kMaxSeqlen,
-                      "flash_attn2: seqlen_q and seqlen_k must be at most 2**31-2**16, got ", q.size(1), " and ",
-                      k.size(1));
-    return;
-  }
-  for (const auto& [name, cu] : {Named{"cu_seqlens_q", &*cu_seqlens_q}, Named{"cu_seqlens_k", &*cu_seqlens_k}}) {
-    TORCH_CHECK_TYPE(cu->scalar_type() == at::kInt, "flash_attn2: ", name, " must be int32, got ",
-                     dtype_str(cu->scalar_type()));
-    TORCH_CHECK_VALUE(cu->dim() == 1 && cu->size(0) >= 2, "flash_attn2: ", name,
-                      " must be 1-D with batch + 1 >= 2 entries, got shape ", tuple_str(cu->sizes()));
-    TORCH_CHECK_VALUE(cu->device() == q.device(), "flash_attn2: ", name, " must be on q's device ", q.device(),
-                      ", got ", cu->device());
-  }
-  TORCH_CHECK_VALUE(cu_seqlens_q->size(0) == cu_seqlens_k->size(0),
-                    "flash_attn2: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got ",
-                    cu_seqlens_q->size(0), " and ", cu_seqlens_k->size(0));
-  TORCH_CHECK_VALUE(q.size(0) <= flash_attn2::kMaxSeqlen, "flash_attn2: q.shape[0] (total_q) must be at most "
-                    "2**31-2**16 packed rows, got ", q.size(0));
-  TORCH_CHECK_VALUE(k.size(0) <= flash_attn2::kMaxSeqlen, "flash_attn2: k.shape[0] (total_k) must be at most "
-                    "2**31-2**16 packed rows, got ", k.size(0));
 }
 
 // The kernels read 16-byte vectors: a contiguous last dim, other strides in multiples of 8 elements, a
@@ -287,7 +214,6 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
 std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                double softmax_scale, bool causal, bool /*deterministic: the backward's*/) {
-  check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
   const Tensor qr = kernel_ready(q);
   Tensor out = at::empty(qr.sizes(), qr.options());
   Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
