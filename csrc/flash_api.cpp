@@ -173,7 +173,8 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   }
   flash_attn2::BwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal);
-  const int64_t dim = cu_seqlens_q.has_value() ? 3 : 4;
+  const bool varlen = cu_seqlens_q.has_value();
+  const int64_t dim = varlen ? 3 : 4;
   check_tensor(dout, "dout", dim, q, q.scalar_type());
   check_tensor(dq, "dq", dim, q, q.scalar_type());
   check_tensor(dk, "dk", dim, q, q.scalar_type());
@@ -183,15 +184,15 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
   const c10::cuda::CUDAGuard guard(q.device());
 
-  const int row = dim == 3 ? 0 : 1;
+  const int row = varlen ? 0 : 1;
   p.dout = dout.data_ptr();
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
-  p.do_batch_stride = dim == 3 ? 0 : dout.stride(0);
-  p.dq_batch_stride = dim == 3 ? 0 : dq.stride(0);
-  p.dk_batch_stride = dim == 3 ? 0 : dk.stride(0);
-  p.dv_batch_stride = dim == 3 ? 0 : dv.stride(0);
+  p.do_batch_stride = varlen ? 0 : dout.stride(0);
+  p.dq_batch_stride = varlen ? 0 : dq.stride(0);
+  p.dk_batch_stride = varlen ? 0 : dk.stride(0);
+  p.dv_batch_stride = varlen ? 0 : dv.stride(0);
   p.do_row_stride = dout.stride(row), p.dq_row_stride = dq.stride(row);
   p.dk_row_stride = dk.stride(row), p.dv_row_stride = dv.stride(row);
   p.do_head_stride = dout.stride(-2), p.dq_head_stride = dq.stride(-2);
