@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -29,6 +30,114 @@ DType dtype_of(const Tensor& t) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16,
                    "flash_attn2: q must be float16 or bfloat16, got ", t.scalar_type());
   return t.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
+}
+
+// What Python prints for a dtype and a shape, so that both versions of the checks read the same.
+std::string dtype_str(at::ScalarType dtype) { return std::string("torch.") + c10::getDtypeNames(dtype).first; }
+
+std::string tuple_str(at::IntArrayRef values) {
+  std::string s = "(";
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(values[i]);
+  }
+  s += values.size() == 1 ? ",)" : ")";
+  return s;
+}
+
+// Messages are built as one std::string and thrown only on failure, so the passing path formats nothing.
+[[noreturn]] void type_error(const std::string& msg) { C10_THROW_ERROR(TypeError, "flash_attn2: " + msg); }
+[[noreturn]] void value_error(const std::string& msg) { C10_THROW_ERROR(ValueError, "flash_attn2: " + msg); }
+
+std::string device_str(const c10::Device& device) { return device.str(); }
+
+// flash_attn2/_checks.py's check_tensors for eager calls, in the same order, with the same messages and
+// error types (the Python version runs at trace time and for tensors not on a GPU, where Python's cost
+// would be a quarter of a small call's host time). tests/test_api_validation.py runs every case through both.
+void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
+                  const OptTensor& cu_seqlens_k) {
+  if (cu_seqlens_q.has_value() != cu_seqlens_k.has_value()) {
+    type_error(std::string(cu_seqlens_q.has_value() ? "cu_seqlens_k" : "cu_seqlens_q") +
+               " must be a torch.Tensor, got NoneType");
+  }
+  const bool varlen = cu_seqlens_q.has_value();
+  const int64_t ndim = varlen ? 3 : 4;
+  const std::string layout = varlen ? "(total_tokens, nheads, headdim)" : "(batch, seqlen, nheads, headdim)";
+  const at::ScalarType q_dtype = q.scalar_type();
+  const Tensor* qkv[3] = {&q, &k, &v};
+  const char* qkv_names[3] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    const Tensor& t = *qkv[i];
+    const std::string name = qkv_names[i];
+    const at::ScalarType dtype = t.scalar_type();
+    if (dtype != at::kHalf && dtype != at::kBFloat16) {
+      type_error(name + " must be float16 or bfloat16, got " + dtype_str(dtype));
+    }
+    if (dtype != q_dtype) type_error(name + " must have q's dtype " + dtype_str(q_dtype) + ", got " + dtype_str(dtype));
+    if (t.dim() != ndim) {
+      value_error(name + " must be " + std::to_string(ndim) + "-D " + layout + ", got shape " + tuple_str(t.sizes()));
+    }
+    if (t.stride(-1) != 1) {
+      value_error(name + " must have a contiguous last dimension (stride 1), got strides " + tuple_str(t.strides()));
+    }
+  }
+  const int64_t head_dim = q.size(-1), heads = q.size(-2), heads_k = k.size(-2);
+  if (head_dim <= 0 || head_dim > 256) {
+    value_error("head dim (q.shape[-1]) must be in 1..256, got " + std::to_string(head_dim));
+  }
+  if (k.sizes() != v.sizes()) {
+    value_error("k and v must have the same shape, got " + tuple_str(k.sizes()) + " and " + tuple_str(v.sizes()));
+  }
+  if (k.size(-1) != head_dim) {
+    value_error("k's head dim must equal q's (" + std::to_string(head_dim) + "), got " + std::to_string(k.size(-1)));
+  }
+  if (heads_k == 0 || heads == 0 || heads % heads_k != 0) {
+    value_error("q's nheads (" + std::to_string(heads) + ") must be a positive multiple of k/v's nheads (" +
+                std::to_string(heads_k) + ")");
+  }
+  if (!varlen) {
+    if (q.size(0) == 0) value_error("batch size must be positive, got an empty batch (q.shape[0] == 0)");
+    if (k.size(0) != q.size(0)) {
+      value_error("k's batch size (" + std::to_string(k.size(0)) + ") must equal q's (" + std::to_string(q.size(0)) +
+                  ")");
+    }
+  }
+  if (k.device() != q.device()) {
+    value_error("k must be on q's device " + device_str(q.device()) + ", got " + device_str(k.device()));
+  }
+  if (v.device() != q.device()) {
+    value_error("v must be on q's device " + device_str(q.device()) + ", got " + device_str(v.device()));
+  }
+  if (!varlen) {
+    if (q.size(1) > flash_attn2::kMaxSeqlen || k.size(1) > flash_attn2::kMaxSeqlen) {
+      value_error("seqlen_q and seqlen_k must be at most 2**31-2**16, got " + std::to_string(q.size(1)) + " and " +
+                  std::to_string(k.size(1)));
+    }
+    return;
+  }
+  const Tensor* cus[2] = {&*cu_seqlens_q, &*cu_seqlens_k};
+  const char* cu_names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+  for (int i = 0; i < 2; ++i) {
+    const Tensor& cu = *cus[i];
+    const std::string name = cu_names[i];
+    if (cu.scalar_type() != at::kInt) type_error(name + " must be int32, got " + dtype_str(cu.scalar_type()));
+    if (cu.dim() != 1 || cu.size(0) < 2) {
+      value_error(name + " must be 1-D with batch + 1 >= 2 entries, got shape " + tuple_str(cu.sizes()));
+    }
+    if (cu.device() != q.device()) {
+      value_error(name + " must be on q's device " + device_str(q.device()) + ", got " + device_str(cu.device()));
+    }
+  }
+  if (cu_seqlens_q->size(0) != cu_seqlens_k->size(0)) {
+    value_error("cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got " +
+                std::to_string(cu_seqlens_q->size(0)) + " and " + std::to_string(cu_seqlens_k->size(0)));
+  }
+  if (q.size(0) > flash_attn2::kMaxSeqlen) {
+    value_error("q.shape[0] (total_q) must be at most 2**31-2**16 packed rows, got " + std::to_string(q.size(0)));
+  }
+  if (k.size(0) > flash_attn2::kMaxSeqlen) {
+    value_error("k.shape[0] (total_k) must be at most 2**31-2**16 packed rows, got " + std::to_string(k.size(0)));
+  }
 }
 
 // The kernels read 16-byte vectors: a contiguous last dim, other strides in multiples of 8 elements, a
@@ -215,6 +324,7 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
 std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                double softmax_scale, bool causal, bool /*deterministic: the backward's*/) {
+  check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
   const Tensor qr = kernel_ready(q);
   Tensor out = at::empty(qr.sizes(), qr.options());
   Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},

@@ -1,15 +1,16 @@
 """The torch ops behind every public function, and their fake implementations.
 
 csrc/flash_api.cpp defines `flash_attn2::fwd` and `flash_attn2::bwd` with their CUDA kernels and registers
-the autograd formula on `fwd` in C++ (`bwd` raises when differentiated). The fakes below give
-torch.compile, torch.export and FakeTensor the exact shapes, dtypes and strides of the real outputs:
-contiguous, in the inputs' head dim.
+the autograd formula on `fwd` in C++ (`bwd` raises when differentiated). The fakes below check the
+tensors as the CUDA kernel does and give torch.compile, torch.export and FakeTensor the exact shapes,
+dtypes and strides of the real outputs: contiguous, in the inputs' head dim.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ._checks import check_tensors
 from ._extension import load
 
 ext = load()  # loading the library registers the ops
@@ -24,6 +25,7 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("flash_attn2::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic):
+    check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
     # softmax_lse: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q).
     lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
     return _empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)

@@ -2,8 +2,8 @@
 
 Same names, argument names, order, defaults and returns as flash_attn.flash_attn_interface; tensors
 are (batch, seqlen, nheads, headdim), or packed (total_tokens, nheads, headdim) for the varlen calls.
-Every function checks its arguments here (in eager mode, and once at trace time under torch.compile) and
-calls the op torch.ops.flash_attn2.fwd, whose autograd formula calls torch.ops.flash_attn2.bwd.
+Every function checks the non-tensor arguments here and calls the op torch.ops.flash_attn2.fwd, which
+checks the tensors (flash_attn2/_checks.py) and whose autograd formula calls torch.ops.flash_attn2.bwd.
 """
 
 from __future__ import annotations
@@ -14,16 +14,13 @@ import os
 import torch
 
 from . import _ops
+from ._checks import MAX_HEAD_DIM, MAX_SEQLEN, check_max_seqlen, check_tensors, check_types
 
-MAX_HEAD_DIM = 256
-# Longest sequence, max_seqlen and packed length the kernels take (flash_attn2.h: kMaxSeqlen).
-MAX_SEQLEN = 2**31 - 2**16
-_DTYPES = (torch.float16, torch.bfloat16)
 CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 
 
 # ----------------------------------------------------------------------------------------------------
-# Argument checks: each error names the argument and what was expected.
+# Checks of the other arguments: each error names the argument and what was expected.
 
 
 def _check_unsupported(dropout_p, softcap, alibi_slopes, block_table=None):
@@ -53,65 +50,6 @@ def _causal_from_window(causal: bool, window_size, max_seqlen_k: int) -> bool:
         return right == 0
     raise NotImplementedError(f"flash_attn2: window_size={tuple(window_size)} (sliding-window attention) is not "
                               "supported yet; only (-1, -1), or (-1, 0) which is causal")
-
-
-def _check_qkv(q, k, v, ndim: int):
-    # Runs on every eager call: each tensor property is read once.
-    dtype = q.dtype if isinstance(q, torch.Tensor) else None
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype is not dtype or dtype not in _DTYPES:
-            if t.dtype not in _DTYPES:
-                raise TypeError(f"flash_attn2: {name} must be float16 or bfloat16, got {t.dtype}")
-            raise TypeError(f"flash_attn2: {name} must have q's dtype {dtype}, got {t.dtype}")
-        if t.dim() != ndim:
-            layout = "(batch, seqlen, nheads, headdim)" if ndim == 4 else "(total_tokens, nheads, headdim)"
-            raise ValueError(f"flash_attn2: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-        if t.stride(-1) != 1:
-            raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), "
-                             f"got strides {tuple(t.stride())}")
-    q_shape, k_shape = q.shape, k.shape
-    head_dim = q_shape[-1]
-    if not 0 < head_dim <= MAX_HEAD_DIM:
-        raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
-    if k_shape != v.shape:
-        raise ValueError(f"flash_attn2: k and v must have the same shape, got {tuple(k_shape)} and {tuple(v.shape)}")
-    if k_shape[-1] != head_dim:
-        raise ValueError(f"flash_attn2: k's head dim must equal q's ({head_dim}), got {k_shape[-1]}")
-    heads, heads_k = q_shape[-2], k_shape[-2]
-    if heads_k == 0 or heads == 0 or heads % heads_k != 0:
-        raise ValueError(f"flash_attn2: q's nheads ({heads}) must be a positive multiple of k/v's nheads ({heads_k})")
-    if ndim == 4:
-        if q_shape[0] == 0:
-            raise ValueError("flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)")
-        if k_shape[0] != q_shape[0]:
-            raise ValueError(f"flash_attn2: k's batch size ({k_shape[0]}) must equal q's ({q_shape[0]})")
-    device = q.device
-    for name, t in (("k", k), ("v", v)):
-        if t.device != device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {device}, got {t.device}")
-
-
-def _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k):
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(cu, torch.Tensor):
-            raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
-        if cu.dtype != torch.int32:
-            raise TypeError(f"flash_attn2: {name} must be int32, got {cu.dtype}")
-        if cu.dim() != 1 or cu.numel() < 2:
-            raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-        if cu.device != q.device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {cu.device}")
-    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
-        raise ValueError(f"flash_attn2: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
-                         f"got {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or not 0 <= m <= MAX_SEQLEN:
-            raise ValueError(f"flash_attn2: {name} must be an int in 0..2**31-2**16, got {m!r}")
-    for name, rows in (("q.shape[0] (total_q)", q.shape[0]), ("k.shape[0] (total_k)", k.shape[0])):
-        if rows > MAX_SEQLEN:
-            raise ValueError(f"flash_attn2: {name} must be at most 2**31-2**16 packed rows, got {rows}")
 
 
 def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
@@ -175,23 +113,25 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
     _check_unsupported(dropout_p, softcap, alibi_slopes, block_table)
+    check_types(q, k, v, cu_seqlens_q, cu_seqlens_k)
     varlen = cu_seqlens_q is not None
-    _check_qkv(q, k, v, ndim=3 if varlen else 4)
     if varlen:
-        _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q, k)
+        check_max_seqlen(max_seqlen_q, max_seqlen_k)
     else:
-        max_seqlen_q, max_seqlen_k = q.shape[1], k.shape[1]
-        if max(max_seqlen_q, max_seqlen_k) > MAX_SEQLEN:
-            raise ValueError(f"flash_attn2: seqlen_q and seqlen_k must be at most 2**31-2**16, got {max_seqlen_q} "
-                             f"and {max_seqlen_k}")
-    # No sequence is longer than k's rows: a window at least that wide is no window.
-    causal = _causal_from_window(bool(causal), window_size, k.shape[0] if varlen else k.shape[1])
-    scale = _softmax_scale(softmax_scale, q.shape[-1])
-    if varlen and _checking_inputs():
-        _check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
-        _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
-    if not q.is_cuda:  # last, so every other check also runs on CPU tensors
-        raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
+        max_seqlen_q = max_seqlen_k = 0  # unused: the shapes give the lengths
+    # No sequence is longer than k's rows (dim -3 of a valid k, fixed-length or varlen): a window at least
+    # that wide is no window.
+    causal = _causal_from_window(bool(causal), window_size, k.shape[-3] if k.dim() >= 3 else 0)
+    scale = _softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
+    checking_values = varlen and _checking_inputs()
+    if not q.is_cuda or checking_values:
+        # The op checks CUDA tensors itself; others get the same checks before the device error.
+        check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        if checking_values:
+            _check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
+            _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
+        if not q.is_cuda:
+            raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
     out, softmax_lse = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
                                 bool(deterministic))
     # S_dmask carries the dropout pattern in flash-attn; without dropout it is None there too.

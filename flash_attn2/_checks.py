@@ -1,0 +1,88 @@
+"""Argument checks: each error names the argument and what was expected.
+
+`check_tensors` (dtypes, shapes, strides, devices: everything that needs only tensor metadata) exists
+twice. Here it runs in the op's fake implementation, so at trace time under torch.compile and
+torch.export, and for tensors that are not on a GPU. `check_inputs` in csrc/flash_api.cpp runs the same
+checks with the same messages and error types inside the op, for eager calls: in Python they would cost
+a quarter of a small call's host time. tests/test_api_validation.py runs every case through both.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MAX_HEAD_DIM = 256
+# Longest sequence, max_seqlen and packed length the kernels take (flash_attn2.h: kMaxSeqlen).
+MAX_SEQLEN = 2**31 - 2**16
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+def check_types(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    """What the op's schema cannot say in our words: the arguments are tensors."""
+    named = (("q", q), ("k", k), ("v", v))
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        named += (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_max_seqlen(max_seqlen_q, max_seqlen_k):
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or not 0 <= m <= MAX_SEQLEN:
+            raise ValueError(f"flash_attn2: {name} must be an int in 0..2**31-2**16, got {m!r}")
+
+
+def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):
+    """The tensors of one call, fixed-length (cu_seqlens None) or varlen; csrc/flash_api.cpp's check_inputs
+    is the same, in the same order."""
+    varlen = cu_seqlens_q is not None
+    ndim = 3 if varlen else 4
+    dtype = q.dtype
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in DTYPES:
+            raise TypeError(f"flash_attn2: {name} must be float16 or bfloat16, got {t.dtype}")
+        if t.dtype != dtype:
+            raise TypeError(f"flash_attn2: {name} must have q's dtype {dtype}, got {t.dtype}")
+        if t.dim() != ndim:
+            layout = "(batch, seqlen, nheads, headdim)" if ndim == 4 else "(total_tokens, nheads, headdim)"
+            raise ValueError(f"flash_attn2: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), "
+                             f"got strides {tuple(t.stride())}")
+    head_dim = q.shape[-1]
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
+    if k.shape != v.shape:
+        raise ValueError(f"flash_attn2: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[-1] != head_dim:
+        raise ValueError(f"flash_attn2: k's head dim must equal q's ({head_dim}), got {k.shape[-1]}")
+    heads, heads_k = q.shape[-2], k.shape[-2]
+    if heads_k == 0 or heads == 0 or heads % heads_k != 0:
+        raise ValueError(f"flash_attn2: q's nheads ({heads}) must be a positive multiple of k/v's nheads ({heads_k})")
+    if not varlen:
+        if q.shape[0] == 0:
+            raise ValueError("flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)")
+        if k.shape[0] != q.shape[0]:
+            raise ValueError(f"flash_attn2: k's batch size ({k.shape[0]}) must equal q's ({q.shape[0]})")
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+    if not varlen:
+        if q.shape[1] > MAX_SEQLEN or k.shape[1] > MAX_SEQLEN:
+            raise ValueError(f"flash_attn2: seqlen_q and seqlen_k must be at most 2**31-2**16, got {q.shape[1]} "
+                             f"and {k.shape[1]}")
+        return
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.dtype != torch.int32:
+            raise TypeError(f"flash_attn2: {name} must be int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2:
+            raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {cu.device}")
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(f"flash_attn2: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
+                         f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    for name, rows in (("q.shape[0] (total_q)", q.shape[0]), ("k.shape[0] (total_k)", k.shape[0])):
+        if rows > MAX_SEQLEN:
+            raise ValueError(f"flash_attn2: {name} must be at most 2**31-2**16 packed rows, got {rows}")
