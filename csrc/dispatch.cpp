@@ -1,8 +1,11 @@
-// run_fwd() / run_bwd(): check the params, then pick the compiled kernel for (head dim bucket, dtype) from
-// an explicit table. Torch-free, like the kernels.
+// run_fwd() / run_bwd(): check the params, then pick the compiled kernel for (head dim bucket, dtype, arch)
+// from an explicit table. Torch-free, like the kernels.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -13,6 +16,10 @@
 // The build names the instantiated kernels (csrc/instantiations/): head-dim buckets and dtypes.
 #if !defined(FLASH_ATTN2_COMPILED_HEAD_DIMS) || !defined(FLASH_ATTN2_COMPILED_FP16) || !defined(FLASH_ATTN2_COMPILED_BF16)
 #error "the build defines FLASH_ATTN2_COMPILED_HEAD_DIMS (e.g. 64,128), FLASH_ATTN2_COMPILED_FP16 and _BF16 (0 or 1)"
+#endif
+// ... and which forward paths: SM80 (mma.sync, any sm_80+ GPU) and Hopper (sm_90a).
+#if !defined(FLASH_ATTN2_COMPILED_SM80_FWD) || !defined(FLASH_ATTN2_COMPILED_SM90_FWD)
+#error "the build defines FLASH_ATTN2_COMPILED_SM80_FWD and FLASH_ATTN2_COMPILED_SM90_FWD (0 or 1)"
 #endif
 
 namespace flash_attn2 {
@@ -35,7 +42,8 @@ constexpr bool compiled(int head_dim, DType dtype) {
 }
 
 struct Kernels {
-  FwdLauncher fwd;
+  FwdLauncher fwd_sm80;
+  FwdLauncher fwd_sm90;
   BwdLauncher bwd;
 };
 
@@ -44,9 +52,12 @@ struct Kernels {
 template <int kHeadDim, DType kDType>
 constexpr Kernels kernels_for() {
   if constexpr (compiled(kHeadDim, kDType)) {
-    return {&launch_fwd<kHeadDim, kDType>, &launch_bwd<kHeadDim, kDType>};
+    FwdLauncher fwd_sm80 = nullptr, fwd_sm90 = nullptr;
+    if constexpr (FLASH_ATTN2_COMPILED_SM80_FWD) fwd_sm80 = &launch_fwd<kHeadDim, kDType>;
+    if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD) fwd_sm90 = &launch_fwd_sm90<kHeadDim, kDType>;
+    return {fwd_sm80, fwd_sm90, &launch_bwd<kHeadDim, kDType>};
   } else {
-    return {nullptr, nullptr};
+    return {nullptr, nullptr, nullptr};
   }
 }
 
@@ -63,6 +74,42 @@ constexpr std::array<std::array<Kernels, kNumBuckets>, 2> kTable = {
 const Kernels& kernels(int bucket, DType dtype) { return kTable[int(dtype)][bucket / kBucketStep - 1]; }
 
 thread_local std::string last_error;
+
+// Whether the current device runs sm_90a code (compute capability 9.0 exactly), cached per device.
+bool device_is_sm90() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int8_t> cached[kMaxDevices] = {};  // 0 unknown, 1 no, 2 yes
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device < kMaxDevices && cached[device].load(std::memory_order_relaxed) != 0) {
+    return cached[device].load(std::memory_order_relaxed) == 2;
+  }
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const bool sm90 = major == 9 && minor == 0;
+  if (device < kMaxDevices) cached[device].store(sm90 ? 2 : 1, std::memory_order_relaxed);
+  return sm90;
+}
+
+// The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one.
+// FLASH_ATTN2_BACKEND=sm80 or sm90 (read on every call) insists on one; "" or "auto" is the default.
+FwdLauncher pick_fwd(const Kernels& k, std::string& problem) {
+  const char* env = std::getenv("FLASH_ATTN2_BACKEND");
+  const std::string backend = env == nullptr ? "" : env;
+  const bool sm90_ok = k.fwd_sm90 != nullptr && device_is_sm90();
+  if (backend.empty() || backend == "auto") return sm90_ok ? k.fwd_sm90 : k.fwd_sm80;
+  if (backend == "sm90") {
+    if (!sm90_ok) problem = "FLASH_ATTN2_BACKEND=sm90, but the Hopper forward was not built or the GPU is not sm_90";
+    return sm90_ok ? k.fwd_sm90 : nullptr;
+  }
+  if (backend == "sm80") {
+    if (k.fwd_sm80 == nullptr) problem = "FLASH_ATTN2_BACKEND=sm80, but the SM80 forward was not built (FLASH_ATTN2_SM80_FWD=1)";
+    return k.fwd_sm80;
+  }
+  problem = "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'";
+  return nullptr;
+}
 
 cudaError_t fail(cudaError_t err, std::string message) {
   last_error = std::move(message);
@@ -104,7 +151,7 @@ const char* last_error_message() { return last_error.c_str(); }
 int fwd_head_dim_bucket(int head_dim, DType dtype) {
   if ((dtype != DType::kFloat16 && dtype != DType::kBFloat16) || head_dim <= 0) return 0;
   for (int bucket = kBucketStep; bucket <= kNumBuckets * kBucketStep; bucket += kBucketStep) {
-    if (bucket >= head_dim && kernels(bucket, dtype).fwd != nullptr) return bucket;
+    if (bucket >= head_dim && kernels(bucket, dtype).bwd != nullptr) return bucket;
   }
   return 0;
 }
@@ -123,7 +170,12 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
-  if (cudaError_t err = kernels(bucket, p.dtype).fwd(p, stream)) return fail(err, cudaGetErrorString(err));
+  std::string backend_problem;
+  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), backend_problem);
+  if (fwd == nullptr) {
+    return fail(cudaErrorNotSupported, backend_problem.empty() ? "no forward kernel for this GPU" : backend_problem);
+  }
+  if (cudaError_t err = fwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

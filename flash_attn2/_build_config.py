@@ -13,7 +13,8 @@ import subprocess
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
 DTYPES = ("fp16", "bf16")
 MIN_ARCH = 80  # the kernels use SM80 tensor-core MMA (mma.sync), valid on sm_80 and newer
-DEFAULT_ARCHS = ("80", "90")  # with PTX for the newest, when no GPU is visible at build time
+DEFAULT_ARCHS = ("80", "90")
+HOPPER = "90"  # the arch of the sm_90a forward (csrc/kernels/sm90/)  # with PTX for the newest, when no GPU is visible at build time
 GB = 1 << 30
 # Peak resident memory of one nvcc job: the largest kernel file (head dim 256, two tiles) peaked at 3.5 GB
 # with nvcc 13.0 for sm_90; rounded up for headroom.
@@ -75,11 +76,12 @@ def selected_archs(env=os.environ, visible_capabilities=()) -> list[str]:
 
 
 def built_arch_names(archs: list[str]) -> list[str]:
-    """What the binary holds: sm_XY for machine code, compute_XY for PTX."""
+    """What the binary holds: sm_XY for machine code (sm_90a for 90: the Hopper kernels need its wgmma and
+    TMA, and sm_90a code runs on sm_90 GPUs only), compute_XY for PTX."""
     names = []
     for arch in archs:
         num = arch.replace("+PTX", "")
-        names.append(f"sm_{num}")
+        names.append(f"sm_{num}a" if num == HOPPER else f"sm_{num}")
         if arch.endswith("+PTX"):
             names.append(f"compute_{num}")
     return names
@@ -87,7 +89,11 @@ def built_arch_names(archs: list[str]) -> list[str]:
 
 def gencode_flags(archs: list[str]) -> list[str]:
     """nvcc flags embedding each of built_arch_names(archs)."""
-    return [f"-gencode=arch=compute_{name.split('_')[1]},code={name}" for name in built_arch_names(archs)]
+    flags = []
+    for name in built_arch_names(archs):
+        virtual = name.replace("sm_", "compute_")
+        flags.append(f"-gencode=arch={virtual},code={name}")
+    return flags
 
 
 def max_jobs(env=os.environ, cpus: int | None = None, available_bytes: int | None = None) -> int:
@@ -112,18 +118,34 @@ def _available_memory() -> int | None:
     return None
 
 
-def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str]) -> list[str]:
-    """One file per (direction, head dim, dtype); the backward's dtype-generic helpers are always built."""
-    per_kernel = [os.path.join(csrc, "instantiations", f"{direction}_hdim{d}_{t}.cu")
-                  for direction in ("fwd", "bwd") for d in head_dims for t in dtypes]
-    return per_kernel + [os.path.join(csrc, "bwd_aux.cu")]
+def forward_paths(archs: list[str], env=os.environ) -> list[str]:
+    """Which forward kernels to build: "sm90" (TMA + wgmma) for an sm_90 target, "sm80" (mma.sync) for every
+    other target, and on an sm_90-only build too when FLASH_ATTN2_SM80_FWD=1 (comparison, fallback)."""
+    nums = [a.replace("+PTX", "") for a in archs]
+    paths = []
+    if any(n != HOPPER for n in nums) or env.get("FLASH_ATTN2_SM80_FWD", "0") not in ("", "0"):
+        paths.append("sm80")
+    if HOPPER in nums:
+        paths.append("sm90")
+    return paths
 
 
-def kernel_definitions(head_dims: list[int], dtypes: list[str]) -> list[str]:
+def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], fwd_paths=("sm80",)) -> list[str]:
+    """One file per (direction, head dim, dtype[, arch]); the backward's dtype-generic helpers are always built."""
+    suffixes = {"sm80": "", "sm90": "_sm90"}
+    files = [os.path.join(csrc, "instantiations", f"fwd_hdim{d}_{t}{suffixes[path]}.cu")
+             for path in fwd_paths for d in head_dims for t in dtypes]
+    files += [os.path.join(csrc, "instantiations", f"bwd_hdim{d}_{t}.cu") for d in head_dims for t in dtypes]
+    return files + [os.path.join(csrc, "bwd_aux.cu")]
+
+
+def kernel_definitions(head_dims: list[int], dtypes: list[str], fwd_paths=("sm80",)) -> list[str]:
     """Compile definitions naming the instantiated kernels for dispatch.cpp's table (CMakeLists.txt mirrors it)."""
     return [f"-DFLASH_ATTN2_COMPILED_HEAD_DIMS={','.join(map(str, head_dims))}",
             f"-DFLASH_ATTN2_COMPILED_FP16={int('fp16' in dtypes)}",
-            f"-DFLASH_ATTN2_COMPILED_BF16={int('bf16' in dtypes)}"]
+            f"-DFLASH_ATTN2_COMPILED_BF16={int('bf16' in dtypes)}",
+            f"-DFLASH_ATTN2_COMPILED_SM80_FWD={int('sm80' in fwd_paths)}",
+            f"-DFLASH_ATTN2_COMPILED_SM90_FWD={int('sm90' in fwd_paths)}"]
 
 
 class PreflightError(RuntimeError):

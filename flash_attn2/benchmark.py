@@ -7,6 +7,7 @@ beside it, and prints the geometric-mean and minimum speed ratio flash_attn2 / s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import math
 import os
@@ -29,7 +30,9 @@ SDPA_BACKENDS = {
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-IMPLS = ("flash_attn2", *SDPA_BACKENDS)
+# flash_attn2 with its default forward, and its SM80 forward where a build has both (FLASH_ATTN2_SM80_FWD=1).
+FLASH_ATTN2_BACKENDS = {"flash_attn2": None, "flash_attn2_sm80": "sm80"}
+IMPLS = (*FLASH_ATTN2_BACKENDS, *SDPA_BACKENDS)
 PASSES = ("fwd", "bwd", "fwd_bwd")
 COLUMNS = ("gpu", "impl", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms", "tflops")
 
@@ -57,9 +60,27 @@ def median_ms(fn, warmup=5, reps=30):
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+@contextlib.contextmanager
+def forward_backend(name):
+    """FLASH_ATTN2_BACKEND=name (None: the default) for the calls inside."""
+    old = os.environ.get("FLASH_ATTN2_BACKEND")
+    if name is not None:
+        os.environ["FLASH_ATTN2_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("FLASH_ATTN2_BACKEND", None)
+        else:
+            os.environ["FLASH_ATTN2_BACKEND"] = old
+
+
 def make_fn(impl, q, k, v, causal):
-    if impl == "flash_attn2":
-        return lambda: flash_attn_func(q, k, v, causal=causal)
+    if impl in FLASH_ATTN2_BACKENDS:
+        def run_ours():
+            with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
+                return flash_attn_func(q, k, v, causal=causal)
+        return run_ours
     backend = SDPA_BACKENDS[impl]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) view of the same memory
 

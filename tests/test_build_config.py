@@ -33,9 +33,9 @@ def test_archs():
     with pytest.raises(ValueError, match="cannot read 'hopper'"):
         cfg.selected_archs({"FLASH_ATTN2_CUDA_ARCHS": "hopper"})
     assert cfg.gencode_flags(["80", "90+PTX"]) == [
-        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90,code=sm_90",
+        "-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a",
         "-gencode=arch=compute_90,code=compute_90"]
-    assert cfg.built_arch_names(["80", "90+PTX"]) == ["sm_80", "sm_90", "compute_90"]
+    assert cfg.built_arch_names(["80", "90+PTX"]) == ["sm_80", "sm_90a", "compute_90"]
 
 
 def test_max_jobs_respects_cores_and_memory():
@@ -46,8 +46,9 @@ def test_max_jobs_respects_cores_and_memory():
 
 
 def test_kernel_sources_exist():
-    sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), cfg.selected_head_dims({}), cfg.selected_dtypes({}))
-    assert len(sources) == 2 * 16 + 1 and all(os.path.isfile(s) for s in sources)
+    sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), cfg.selected_head_dims({}), cfg.selected_dtypes({}),
+                                 ("sm80", "sm90"))
+    assert len(sources) == 3 * 16 + 1 and all(os.path.isfile(s) for s in sources)
 
 
 def fake_nvcc(tmp_path, release):
@@ -78,3 +79,20 @@ def test_cutlass_include_dir(tmp_path):
     (tmp_path / "include" / "cute").mkdir(parents=True)
     (tmp_path / "include" / "cute" / "tensor.hpp").write_text("")
     assert cfg.cutlass_include_dir({"CUTLASS_DIR": str(tmp_path)}, ROOT) == str(tmp_path / "include")
+
+
+@pytest.mark.parametrize("archs, env, paths", [
+    (["90"], {}, ["sm90"]),
+    (["90"], {"FLASH_ATTN2_SM80_FWD": "1"}, ["sm80", "sm90"]),
+    (["80", "90+PTX"], {}, ["sm80", "sm90"]),
+    (["80"], {}, ["sm80"]),
+    (["86", "89"], {"FLASH_ATTN2_SM80_FWD": "0"}, ["sm80"]),
+    (["100"], {}, ["sm80"]),
+])
+def test_forward_paths(archs, env, paths):
+    assert cfg.forward_paths(archs, env) == paths
+    sources = cfg.kernel_sources("csrc", [64], ["bf16"], paths)
+    assert any(s.endswith("fwd_hdim64_bf16_sm90.cu") for s in sources) == ("sm90" in paths)
+    assert any(s.endswith("fwd_hdim64_bf16.cu") for s in sources) == ("sm80" in paths)
+    defs = cfg.kernel_definitions([64], ["bf16"], paths)
+    assert f"-DFLASH_ATTN2_COMPILED_SM90_FWD={int('sm90' in paths)}" in defs

@@ -9,12 +9,9 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "tile_sizes.h"
+#include "utils.h"
 
 namespace flash_attn2 {
-
-// The CUTLASS element type of a public DType.
-template <DType kDType>
-using ElementOf = std::conditional_t<kDType == DType::kFloat16, cutlass::half_t, cutlass::bfloat16_t>;
 
 // What the forward and backward kernels share for a head dim, an element type and a thread count.
 template <int kHeadDim_, typename Element_, int kNWarps_>

@@ -15,6 +15,9 @@ using BwdLauncher = cudaError_t (*)(const BwdParams&, cudaStream_t);
 
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
+// The Hopper forward (sm_90a: TMA + wgmma), csrc/kernels/sm90/fwd_launch_sm90.h.
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 

@@ -2,10 +2,18 @@
 // the two GEMM shapes of attention (both operands from shared memory, or A from registers).
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 
+#include "flash_attn2/flash_attn2.h"
+
 namespace flash_attn2 {
+
+// The CUTLASS element type of a public DType.
+template <DType kDType>
+using ElementOf = std::conditional_t<kDType == DType::kFloat16, cutlass::half_t, cutlass::bfloat16_t>;
 
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
@@ -34,12 +42,20 @@ __device__ __forceinline__ float quad_allreduce(float x, Op op) {
   return op(x, __shfl_xor_sync(0xffffffff, x, 1));
 }
 
-// Accumulator layout ((2, 2), MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)): rows, then columns.
+// Accumulator layout -> ((2, MMA_M), (2, MMA_N)) or, for a Hopper warpgroup accumulator
+// ((2, 2, N / 8), MMA_M, MMA_N), ((2, MMA_M), (2, N / 8, MMA_N)): rows, then columns. Either way a thread
+// holds 2 rows per M tile, each spread over the 4 threads of a quad.
 template <class Layout>
 __device__ constexpr auto rowcol(Layout const& acc) {
   using namespace cute;
-  static_assert(decltype(rank<0>(acc))::value == 2 && decltype(size<0, 0>(acc))::value == 2);
-  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)), make_layout(get<0, 0>(acc), get<2>(acc)));
+  static_assert(decltype(size<0, 0>(acc))::value == 2 && decltype(size<0, 1>(acc))::value == 2);
+  if constexpr (decltype(rank<0>(acc))::value == 3) {
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+  } else {
+    static_assert(decltype(rank<0>(acc))::value == 2);
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)), make_layout(get<0, 0>(acc), get<2>(acc)));
+  }
 }
 
 template <class Tensor>
@@ -48,13 +64,21 @@ __device__ auto rowcol_view(Tensor&& t) {
 }
 
 // The C fragments of two adjacent n8 MMA tiles hold exactly the A fragment of one k16 tile, so
-// P = softmax(S) feeds O += P V straight from registers: ((2, 2), M, N) -> ((2, 2, 2), M, N / 2).
+// P = softmax(S) feeds O += P V straight from registers: ((2, 2), M, N) -> ((2, 2, 2), M, N / 2), or for
+// a Hopper accumulator ((2, 2, N / 8), M, N') -> ((2, 2, 2), M, (N / 16, N')).
 template <class Layout>
 __device__ constexpr auto acc_as_operand_a(Layout const& acc) {
   using namespace cute;
-  static_assert(decltype(size<2>(acc))::value % 2 == 0);
-  auto n = logical_divide(layout<2>(acc), Shape<_2>{});  // ((2, N / 2))
-  return make_layout(make_layout(layout<0>(acc), layout<0, 0>(n)), layout<1>(acc), layout<0, 1>(n));
+  if constexpr (decltype(rank<0>(acc))::value == 3) {
+    static_assert(decltype(size<0, 2>(acc))::value % 2 == 0);
+    auto n = logical_divide(layout<0, 2>(acc), Shape<_2>{});  // ((2, N / 16))
+    return make_layout(make_layout(layout<0, 0>(acc), layout<0, 1>(acc), layout<0, 0>(n)), layout<1>(acc),
+                       make_layout(layout<0, 1>(n), layout<2>(acc)));
+  } else {
+    static_assert(decltype(size<2>(acc))::value % 2 == 0);
+    auto n = logical_divide(layout<2>(acc), Shape<_2>{});  // ((2, N / 2))
+    return make_layout(make_layout(layout<0>(acc), layout<0, 0>(n)), layout<1>(acc), layout<0, 1>(n));
+  }
 }
 
 template <typename To, class Engine, class Layout>

@@ -1,0 +1,277 @@
+// FlashAttention forward on Hopper (sm_90a): TMA loads, warpgroup MMA (wgmma), warp specialization.
+//
+// Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile and of K[n], V[n] into a
+// kStages-deep ring of shared-memory buffers guarded by mbarriers. Each further warpgroup is a consumer
+// owning 64 query rows: S = Q K^T (both operands in shared memory) -> mask -> online softmax -> O += P V
+// (P from registers, V read transposed through the wgmma descriptor). Block ranges, masks, softmax,
+// sequence lengths and the tile scheduler are the SM80 kernel's.
+#pragma once
+
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // wgmma N = 80, 112, 160, 224 (standard: powers of two, 96, 192)
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+
+#include "block_range.h"
+#include "flash_attn2/flash_attn2.h"
+#include "mask.h"
+#include "seqlen.h"
+#include "softmax.h"
+#include "tile_scheduler.h"
+#include "utils.h"
+#include "sm90/tile_sizes_sm90.h"
+#include "sm90/wgmma.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim_, typename Element_, class Tile>
+struct FwdTraitsSm90 {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  static constexpr int kStages = Tile::kStages;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kNThreads = 128 + kConsumerThreads;
+  // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the 64K.
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;
+  // One 64-row wgmma atom per consumer warpgroup, stacked along M.
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      AtomLayout{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // Rows of head_dim elements, K-major for S = Q K^T: 128-byte swizzle when head_dim is a multiple of 64,
+  // else 64-byte. V keeps K's layout; O += P V reads it as the MN-major (D, kBlockN) operand.
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // TMA descriptors over (rows, head_dim, heads, batch) views; varlen uses batch 1 and row offsets.
+  using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, TileQ{}, cute::_1{}));
+  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                             cute::take<0, 2>(SmemLayoutKV{}), TileKV{}, cute::_1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;  // also O in the epilogue
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    uint64_t q_full;
+    uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+template <class Traits>
+struct FwdArgsSm90 {
+  FwdParams params;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k, tma_v;
+};
+
+namespace sm90 {
+
+// Named barriers (ids above CUTLASS's reserved ones).
+enum class Barrier : int { kEpilogue = 0 };
+
+// The (rows, head_dim, heads, batch) extents the TMA descriptors were built for (fwd_launch_sm90.h).
+template <bool kIsQ>
+__host__ __device__ inline auto tma_shape(const FwdParams& p) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
+  return cute::make_shape(int(rows > 0 ? rows : 1), p.head_dim, kIsQ ? p.num_heads : p.num_heads_k,
+                          varlen ? 1 : (p.batch > 0 ? p.batch : 1));
+}
+
+template <class Traits>
+__device__ void fwd_producer(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                             const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block) {
+  using namespace cute;
+  const FwdParams& p = args.params;
+  const int batch_index = p.cu_seqlens_q != nullptr ? 0 : bidb;
+  const int bidh_k = bidh / (p.num_heads / p.num_heads_k);
+  Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));   // (rows, D, heads, batch) coordinates
+  Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
+  Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
+  Tensor gQ = local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), mQ(_, _, bidh, batch_index)),
+                         typename Traits::TileQ{}, make_coord(m_block, _0{}));  // (kBlockM, D)
+  Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
+                         typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
+  Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
+                         typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});   // (kBlockM, D)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
+  auto [tQgQ, tQsQ] = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+  auto [tKgK, tKsK] = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  auto [tVgV, tVsV] = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+  barrier_expect_tx(&smem.q_full, Traits::kQBytes);
+  copy(args.tma_q.with(smem.q_full), tQgQ, tQsQ);
+  PipelineState state;
+  for (int n_block = blocks.n_max - 1; n_block >= blocks.n_min; --n_block) {
+    // A fresh barrier counts as having completed the phase before 0, so the first pass does not wait.
+    barrier_wait(&smem.k_empty[state.stage], state.phase ^ 1);
+    barrier_expect_tx(&smem.k_full[state.stage], Traits::kKVBytes);
+    copy(args.tma_k.with(smem.k_full[state.stage]), tKgK(_, n_block), tKsK(_, state.stage));
+    barrier_wait(&smem.v_empty[state.stage], state.phase ^ 1);
+    barrier_expect_tx(&smem.v_full[state.stage], Traits::kKVBytes);
+    copy(args.tma_v.with(smem.v_full[state.stage]), tVgV(_, n_block), tVsV(_, state.stage));
+    state.template advance<Traits::kStages>();
+  }
+}
+
+// One consumer warpgroup's 64 rows of the tile; thread = this thread's index among all consumer threads.
+template <class Traits>
+__device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage& smem, const SeqlenInfo& seq,
+                             const BlockRange& blocks, int bidb, int bidh, int m_block, int thread) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
+  Tensor sO = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D), after Q
+
+  typename Traits::TiledMmaS mma_s;
+  typename Traits::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(thread);
+  auto thr_o = mma_o.get_thread_slice(thread);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) descriptors
+  Tensor tSrK = thr_s.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
+  Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
+  Tensor acc_o = partition_fragment_C(mma_o, typename Traits::TileQ{});  // ((2, 2, D / 8), MMA_M, MMA_D)
+  clear(acc_o);
+
+  Tensor tScS = rowcol_view(thr_s.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (rows, cols) -> tile coords
+  constexpr int kRows = decltype(size<0>(tScS))::value;
+  const Mask mask{seq.len_q, seq.len_k, p.causal};
+  OnlineSoftmax<kRows> softmax(p.softmax_scale);
+  const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
+
+  // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
+  PipelineState state;
+  auto step = [&](int n_block, auto masked) {
+    Tensor acc_s = partition_fragment_C(mma_s, typename Traits::TileS{});  // ((2, 2, kBlockN / 8), MMA_M, MMA_N)
+    barrier_wait(&smem.k_full[state.stage], state.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/0>(mma_s, tSrQ, tSrK(_, _, _, state.stage), acc_s);
+    if (release_thread) barrier_arrive(&smem.k_empty[state.stage]);
+    Tensor S = rowcol_view(acc_s);
+    if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    Tensor O = rowcol_view(acc_o);
+    softmax.update(S, O);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // ((2, 2, 2), MMA_M, kBlockN / 16)
+    barrier_wait(&smem.v_full[state.stage], state.phase);
+    wgmma</*kZeroInit=*/false, /*kWait=*/0>(mma_o, tOrP, tOrVt(_, _, _, state.stage), acc_o);
+    if (release_thread) barrier_arrive(&smem.v_empty[state.stage]);
+    state.template advance<Traits::kStages>();
+  };
+
+  if (blocks.n_max > blocks.n_min) barrier_wait(&smem.q_full, 0);
+  int n_block = blocks.n_max - 1;
+  for (; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
+  for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+
+  // Epilogue: normalize, stage O through shared memory (over Q, once every warpgroup is done with it) for
+  // 16-byte row stores, write the LSE.
+  float row_lse[kRows];
+  {
+    Tensor O = rowcol_view(acc_o);
+    softmax.finalize(O, row_lse);
+  }
+  Tensor rO = convert_fragment<Element>(acc_o);
+  named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));
+  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, mma_o);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
+  cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+
+  const int rows_left = seq.len_q - m_block * kBlockM;
+  float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
+  if (get<1>(tScS(0, 0)) == 0) {  // the quad's first thread owns column 0 of its rows
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tScS(r, 0));
+      if (row < rows_left) lse[row] = row_lse[r];
+    }
+  }
+  named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));
+  Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
+                 bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
+  constexpr int kVecsPerRow = kHeadDim / 8;
+  for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
+    const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
+    if (row < rows_left && col < p.head_dim) {
+      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
+    }
+  }
+}
+
+}  // namespace sm90
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace sm90;
+  extern __shared__ __align__(1024) char smem_buf[];
+  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
+  const FwdParams& p = args.params;
+  const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
+  if (threadIdx.x == 0) {
+    barrier_init(&smem.q_full, 1);
+    CUTE_UNROLL
+    for (int s = 0; s < Traits::kStages; ++s) {
+      barrier_init(&smem.k_full[s], 1);
+      barrier_init(&smem.v_full[s], 1);
+      barrier_init(&smem.k_empty[s], Traits::kConsumerWarpgroups);
+      barrier_init(&smem.v_empty[s], Traits::kConsumerWarpgroups);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+
+  const auto tile = QueryTileScheduler<Traits::kBlockM>::get(p);
+  if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
+    const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
+    uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride, p.o_row_stride,
+                        p.head_dim, p.lse + tile.bidh * p.lse_head_stride,
+                        int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
+  }
+  __syncthreads();  // the barriers are initialized
+  if (!tile.valid) return;
+  const SeqlenInfo seq(p, tile.bidb);
+  const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+    if (threadIdx.x / 32 == 0 && cute::elect_one_sync() && blocks.n_max > blocks.n_min) {
+      cute::prefetch_tma_descriptor(args.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
+      fwd_producer<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block);
+    }
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    fwd_consumer<Traits>(p, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, int(threadIdx.x) - 128);
+  }
+#endif
+}
+
+}  // namespace flash_attn2

@@ -1,0 +1,61 @@
+// Launcher for one (head dim, dtype) Hopper forward kernel: builds the TMA descriptors on the host, then
+// launches one block per query tile. Each csrc/instantiations/fwd_*_sm90.cu instantiates one.
+#pragma once
+
+#include <climits>
+
+#include "registry.h"
+#include "sm90/fwd_kernel_sm90.h"
+
+namespace flash_attn2 {
+
+namespace sm90 {
+
+// A TMA descriptor over one of q / k / v as (rows, head_dim, heads, batch). Varlen tensors are one packed
+// batch entry (sequences are row offsets); a stride that the view never steps along is set to the row
+// stride, since TMA wants every stride a nonzero multiple of 16 bytes.
+template <class Traits, class Tma, class SmemLayout, class TileShape>
+Tma make_tma(const void* ptr, cute::Shape<int, int, int, int> shape, int64_t row_stride, int64_t head_stride,
+             int64_t batch_stride, SmemLayout smem, TileShape tile) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  auto layout = make_layout(shape, make_stride(row_stride, _1{}, get<2>(shape) > 1 ? head_stride : row_stride,
+                                               get<3>(shape) > 1 ? batch_stride : row_stride));
+  Tensor t = make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), layout);
+  return make_tma_copy(SM90_TMA_LOAD{}, t, smem, tile, _1{});
+}
+
+}  // namespace sm90
+
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+  using Traits = FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename FwdTileSm90<kHeadDim>::type>;
+  const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
+  if (num_blocks == 0) return cudaSuccess;
+  if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
+  auto kernel = &fwd_kernel_sm90<Traits>;
+  if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
+  const FwdArgsSm90<Traits> args{
+      p,
+      sm90::make_tma<Traits, typename Traits::TmaQ>(p.q, shape_q, p.q_row_stride, p.q_head_stride,
+                                                    varlen ? 0 : p.q_batch_stride, typename Traits::SmemLayoutQ{},
+                                                    typename Traits::TileQ{}),
+      sm90::make_tma<Traits, typename Traits::TmaKV>(p.k, shape_k, p.k_row_stride, p.k_head_stride,
+                                                     varlen ? 0 : p.k_batch_stride,
+                                                     cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
+                                                     typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaKV>(p.v, shape_k, p.v_row_stride, p.v_head_stride,
+                                                     varlen ? 0 : p.v_batch_stride,
+                                                     cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
+                                                     typename Traits::TileKV{}),
+  };
+  kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace flash_attn2
+
+#define FLASH_ATTN2_INSTANTIATE_FWD_SM90(HEAD_DIM, DTYPE) \
+  template cudaError_t flash_attn2::launch_fwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::FwdParams&, cudaStream_t);

@@ -1,0 +1,58 @@
+// Hopper building blocks: warpgroup MMA issue, mbarrier and named-barrier helpers. Everything here needs
+// sm_90a; callers compile it only where __CUDA_ARCH_FEAT_SM90_ALL is defined.
+#pragma once
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace flash_attn2::sm90 {
+
+// acc (+)= A B over the k mode, issued by the whole warpgroup as one batch; waits for the batch only when
+// kWait >= 0 (wgmma.wait_group kWait). A is shared memory (a GMMA descriptor tensor) or registers.
+template <bool kZeroInit, int kWait, class TiledMma, class TensorA, class TensorB, class TensorC>
+__device__ __forceinline__ void wgmma(TiledMma& mma, TensorA const& tCrA, TensorB const& tCrB, TensorC& acc) {
+  using namespace cute;
+  constexpr bool kARegisters =
+      !std::is_base_of_v<GMMA::DescriptorIterator, typename TensorA::engine_type::iterator>;
+  CUTE_STATIC_ASSERT_V(size<2>(tCrA) == size<2>(tCrB));
+  if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) warpgroup_wait<kWait>();
+  warpgroup_fence_operand(acc);
+  if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
+}
+
+// One smem mbarrier per pipeline stage and direction. A "full" barrier completes when the producer's TMA
+// bytes have landed; an "empty" one when every consumer warpgroup has released the stage.
+struct PipelineState {
+  int stage = 0;
+  uint32_t phase = 0;
+  template <int kStages>
+  __device__ void advance() {
+    if (++stage == kStages) { stage = 0; phase ^= 1; }
+  }
+};
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, int count) { cutlass::arch::ClusterBarrier::init(bar, count); }
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t phase) { cutlass::arch::ClusterBarrier::wait(bar, phase); }
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
+__device__ __forceinline__ void barrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar, bytes);
+}
+
+// bar.sync on a hardware barrier id above the ones CUTLASS reserves, among num_threads threads.
+__device__ __forceinline__ void named_barrier_sync(int num_threads, int id) {
+  cutlass::arch::NamedBarrier::sync(num_threads, id);
+}
+
+}  // namespace flash_attn2::sm90
