@@ -28,7 +28,16 @@ struct OnlineSoftmax {
   // S, O: (row, col) views. Turns S into P = exp(scale * (S - m_new)) in place and rescales O.
   template <class TensorS, class TensorO>
   __device__ void update(TensorS& S, TensorO& O) {
-    static_assert(decltype(cute::size<0>(S))::value == kRows && decltype(cute::size<0>(O))::value == kRows);
+    float correction[kRows];
+    update_scores(S, correction);
+    rescale(O, correction);
+  }
+
+  // The first half of update(): S -> P and the row sums, and each row's factor for O, which the Hopper
+  // kernel applies later (rescale), once the P V product still reading O has finished.
+  template <class TensorS>
+  __device__ void update_scores(TensorS& S, float (&correction)[kRows]) {
+    static_assert(decltype(cute::size<0>(S))::value == kRows);
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float m = row_max[r];
@@ -37,7 +46,7 @@ struct OnlineSoftmax {
       m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
       // A row that has seen only masked keys keeps m = -inf; shifting by 0 instead keeps exp2 at 0, not NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      const float correction = fast_exp2(row_max[r] * scale_log2 - m_scaled);  // 0 on a row's first tile
+      correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);  // 0 on a row's first tile
       row_max[r] = m;
       float sum = 0.f;
       CUTE_UNROLL
@@ -45,9 +54,17 @@ struct OnlineSoftmax {
         S(r, c) = fast_exp2(S(r, c) * scale_log2 - m_scaled);
         sum += S(r, c);
       }
-      row_sum[r] = row_sum[r] * correction + sum;
+      row_sum[r] = row_sum[r] * correction[r] + sum;
+    }
+  }
+
+  template <class TensorO>
+  __device__ static void rescale(TensorO& O, const float (&correction)[kRows]) {
+    static_assert(decltype(cute::size<0>(O))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= correction;
+      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= correction[r];
     }
   }
 

@@ -92,6 +92,18 @@ __device__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
   return dst;
 }
 
+// dst = src converted elementwise, into an existing fragment of the same size.
+template <class EngineS, class LayoutS, class EngineD, class LayoutD>
+__device__ void convert_fragment_into(cute::Tensor<EngineS, LayoutS> const& src, cute::Tensor<EngineD, LayoutD>& dst) {
+  using From = typename EngineS::value_type;
+  using To = typename EngineD::value_type;
+  constexpr int N = decltype(cute::size(src))::value;
+  static_assert(decltype(cute::size(dst))::value == N);
+  cutlass::NumericArrayConverter<To, From, N> convert;
+  *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
+      convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
+}
+
 // A (rows, kCols) row-major view of global memory with a runtime row stride and contiguous columns.
 template <int kCols, class T>
 __device__ auto gmem_rows(T* ptr, int rows, int64_t row_stride) {

@@ -37,6 +37,9 @@ struct FwdTraitsSm90 {
   static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  // Two consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the other's: +5-10%
+  // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128 as in FA3 (not measured here).
+  static constexpr bool kPingPong = kConsumerWarpgroups == 2 && kHeadDim <= 128;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
@@ -91,7 +94,7 @@ struct FwdArgsSm90 {
 namespace sm90 {
 
 // Named barriers (ids above CUTLASS's reserved ones).
-enum class Barrier : int { kEpilogue = 0 };
+enum class Barrier : int { kEpilogue = 0, kWarpgroup0 = 1, kWarpgroup1 = 2 };
 
 // The (rows, head_dim, heads, batch) extents the TMA descriptors were built for (fwd_launch_sm90.h).
 template <bool kIsQ>
@@ -168,37 +171,83 @@ __device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage&
   OnlineSoftmax<kRows> softmax(p.softmax_scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
-  // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
-  PipelineState state;
-  auto step = [&](int n_block, auto masked) {
-    Tensor acc_s = partition_fragment_C(mma_s, typename Traits::TileS{});  // ((2, 2, kBlockN / 8), MMA_M, MMA_N)
-    barrier_wait(&smem.k_full[state.stage], state.phase);
-    wgmma</*kZeroInit=*/true, /*kWait=*/0>(mma_s, tSrQ, tSrK(_, _, _, state.stage), acc_s);
-    if (release_thread) barrier_arrive(&smem.k_empty[state.stage]);
-    Tensor S = rowcol_view(acc_s);
-    if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
-    Tensor O = rowcol_view(acc_o);
-    softmax.update(S, O);
-    Tensor rP = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // ((2, 2, 2), MMA_M, kBlockN / 16)
-    barrier_wait(&smem.v_full[state.stage], state.phase);
-    wgmma</*kZeroInit=*/false, /*kWait=*/0>(mma_o, tOrP, tOrVt(_, _, _, state.stage), acc_o);
-    if (release_thread) barrier_arrive(&smem.v_empty[state.stage]);
+  // S = Q K[n]^T of the next block is issued before O += P V[n + 1] of the current one, so the softmax of
+  // S overlaps the P V product (FA3's intra-warpgroup overlap); O is rescaled once that product is done.
+  PipelineState k_state, v_state;
+  Tensor acc_s = partition_fragment_C(mma_s, typename Traits::TileS{});  // ((2, 2, kBlockN / 8), MMA_M, MMA_N)
+  Tensor rP = make_fragment_like<Element>(acc_s);
+  Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // ((2, 2, 2), MMA_M, kBlockN / 16)
+  Tensor S = rowcol_view(acc_s);
+  Tensor O = rowcol_view(acc_o);
+  float correction[kRows];
+  auto issue_qk = [&] {
+    barrier_wait(&smem.k_full[k_state.stage], k_state.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_s, tSrQ, tSrK(_, _, _, k_state.stage), acc_s);
+  };
+  auto issue_pv = [&] {
+    barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_o, tOrP, tOrVt(_, _, _, v_state.stage), acc_o);
+  };
+  auto release = [&](uint64_t* empty, PipelineState& state) {
+    if (release_thread) barrier_arrive(&empty[state.stage]);
     state.template advance<Traits::kStages>();
   };
+  // Ping-pong: a warpgroup issues its GEMMs only between its turn's start (the other's arrival) and its
+  // arrival on the other's barrier. Warpgroup 0 goes first.
+  const int warpgroup = thread / 128;
+  auto turn_begin = [&] {
+    if constexpr (Traits::kPingPong) named_barrier_sync(256, int(Barrier::kWarpgroup0) + warpgroup);
+  };
+  auto turn_end = [&] {
+    if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + 1 - warpgroup);
+  };
+  auto softmax_step = [&](int n_block, auto masked) {
+    if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    softmax.update_scores(S, correction);
+  };
+  // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
+  auto step = [&](int n_block, auto masked) {
+    turn_begin();
+    issue_qk();
+    issue_pv();
+    turn_end();
+    warpgroup_wait<1>();  // S is done
+    release(smem.k_empty, k_state);
+    softmax_step(n_block, masked);
+    warpgroup_wait<0>();  // P V is done: P's registers and O are free
+    release(smem.v_empty, v_state);
+    softmax.rescale(O, correction);
+    convert_fragment_into(acc_s, rP);
+  };
 
-  if (blocks.n_max > blocks.n_min) barrier_wait(&smem.q_full, 0);
   int n_block = blocks.n_max - 1;
-  for (; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
-  for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+  if (n_block >= blocks.n_min) {
+    if (Traits::kPingPong && warpgroup == 1) named_barrier_arrive(256, int(Barrier::kWarpgroup0));
+    barrier_wait(&smem.q_full, 0);
+    turn_begin();
+    issue_qk();
+    turn_end();
+    warpgroup_wait<0>();
+    release(smem.k_empty, k_state);
+    if (n_block >= blocks.n_masked_min) {
+      softmax_step(n_block, true_type{});
+    } else {
+      softmax_step(n_block, false_type{});
+    }
+    convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
+    for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
+    for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+    turn_begin();
+    issue_pv();
+    if (warpgroup == 0) turn_end();  // the last turn: warpgroup 1 waits for none
+    warpgroup_wait<0>();
+    release(smem.v_empty, v_state);
+  }
 
   // Epilogue: normalize, stage O through shared memory (over Q, once every warpgroup is done with it) for
   // 16-byte row stores, write the LSE.
   float row_lse[kRows];
-  {
-    Tensor O = rowcol_view(acc_o);
-    softmax.finalize(O, row_lse);
-  }
+  softmax.finalize(O, row_lse);
   Tensor rO = convert_fragment<Element>(acc_o);
   named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));
   auto smem_copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, mma_o);

@@ -27,9 +27,8 @@ Tma make_tma(const void* ptr, cute::Shape<int, int, int, int> shape, int64_t row
 
 }  // namespace sm90
 
-template <int kHeadDim, DType kDType>
-cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
-  using Traits = FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename FwdTileSm90<kHeadDim>::type>;
+template <class Traits>
+cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
@@ -53,6 +52,11 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
   };
   kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
+}
+
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+  return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename FwdTileSm90<kHeadDim>::type>>(p, stream);
 }
 
 }  // namespace flash_attn2

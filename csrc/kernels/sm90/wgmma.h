@@ -54,5 +54,8 @@ __device__ __forceinline__ void barrier_expect_tx(uint64_t* bar, uint32_t bytes)
 __device__ __forceinline__ void named_barrier_sync(int num_threads, int id) {
   cutlass::arch::NamedBarrier::sync(num_threads, id);
 }
+__device__ __forceinline__ void named_barrier_arrive(int num_threads, int id) {
+  cutlass::arch::NamedBarrier::arrive(num_threads, id);
+}
 
 }  // namespace flash_attn2::sm90
