@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -129,6 +130,19 @@ std::string fwd_params_problem(const FwdParams& p) {
     return "batch must be >= 0 and num_heads a positive multiple of num_heads_k > 0";
   }
   if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return "head_dim must be a multiple of 8 in 8..256";
+  // Both paths move 16-byte vectors (cp.async, TMA): every base 16-byte aligned, strides whole vectors.
+  for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)}) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "q, k, v and out must be 16-byte aligned";
+  }
+  for (int64_t stride : {p.q_row_stride, p.q_head_stride, p.k_row_stride, p.k_head_stride, p.v_row_stride,
+                         p.v_head_stride, p.o_row_stride, p.o_head_stride}) {
+    if (stride % 8 != 0) return "row and head strides must be multiples of 8 elements";
+  }
+  if (p.cu_seqlens_q == nullptr) {
+    for (int64_t stride : {p.q_batch_stride, p.k_batch_stride, p.v_batch_stride, p.o_batch_stride}) {
+      if (stride % 8 != 0) return "batch strides must be multiples of 8 elements";
+    }
+  }
   if (p.seqlen_q < 0 || p.seqlen_k < 0 || p.seqlen_q > kMaxSeqlen || p.seqlen_k > kMaxSeqlen) {
     return "seqlen_q and seqlen_k must be in 0..kMaxSeqlen";
   }

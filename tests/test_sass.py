@@ -1,0 +1,41 @@
+"""The Hopper forward kernels run on wgmma: the built library's disassembly shows HGMMA in every one of
+them and no mma.sync (HMMA), so a silent fall-back to the SM80 instructions cannot pass. Needs a build for
+sm_90a and cuobjdump (CUDA_HOME/bin or PATH); no GPU."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from flash_attn2 import _ops
+
+
+def _cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    candidate = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")
+    return candidate if os.path.isfile(candidate) else None
+
+
+def test_hopper_forward_kernels_use_wgmma():
+    if "sm_90a" not in _ops.ext.built_archs.split(";"):
+        pytest.skip(f"built for {_ops.ext.built_archs}, not sm_90a")
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not found (CUDA_HOME/bin or PATH)")
+    sass = subprocess.run([tool, "--dump-sass", _ops.ext.__file__], capture_output=True, text=True, check=True).stdout
+    kernels = {}
+    for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
+        name, _, body = chunk.partition("\n")
+        if "fwd_kernel_sm90" in name:
+            kernels[name.strip()] = body
+    compiled = sum(len(set(_ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) for d in range(32, 257, 32))
+                       - {0}) for dtype in (torch.float16, torch.bfloat16))
+    assert len(kernels) == compiled, f"{len(kernels)} Hopper forward kernels for {compiled} compiled (head dim, dtype)"
+    for name, body in kernels.items():
+        assert "HGMMA" in body, f"{name}: no HGMMA"
+        assert not re.search(r"\bHMMA\b", body), f"{name}: HMMA (mma.sync) in a Hopper kernel"
