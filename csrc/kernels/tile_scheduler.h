@@ -1,6 +1,7 @@
-// Which (query block, batch, head) tile a thread block computes, and how many blocks the grid has; used
-// by the forward and the dQ conversion. One tile per block: a kernel that loops over tiles spilled more
-// and ran the forward 6% slower (benchmarks/TUNING.md step 15).
+// Which (query block, batch, head) tile a thread block computes, and how many slots there are; used by
+// the forward and the dQ conversion. The SM80 kernels take one tile per block (a loop over tiles spilled
+// more and ran 6% slower, benchmarks/TUNING.md step 15); the Hopper forward is persistent: one block per
+// SM walks the slots blockIdx.x, blockIdx.x + gridDim.x, ...
 //
 // Fixed-length: ceil(seqlen_q / kBlockM) blocks per (batch, head), the query block fastest, so the blocks
 // of one head run together and share its K/V through L2; within a head the longest causal rows go first.
@@ -37,8 +38,10 @@ struct QueryTileScheduler {
 
   __host__ __device__ static int64_t num_blocks(const FwdParams& p) { return slots_per_head(p) * p.num_heads; }
 
-  __device__ static Tile get(const FwdParams& p) {
-    const int block = int(blockIdx.x);
+  __device__ static Tile get(const FwdParams& p) { return get(p, int(blockIdx.x)); }
+
+  // Slot `block` of the grid's order; a persistent kernel walks several.
+  __device__ static Tile get(const FwdParams& p, int block) {
     if (p.cu_seqlens_q == nullptr) {
       const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
       const int rank = block % num_m_blocks;

@@ -37,9 +37,9 @@ struct FwdTraitsSm90 {
   static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
-  // Two consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the other's: +5-10%
+  // The consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the others': +5-10%
   // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128 as in FA3 (not measured here).
-  static constexpr bool kPingPong = kConsumerWarpgroups == 2 && kHeadDim <= 128;
+  static constexpr bool kPingPong = kConsumerWarpgroups >= 2 && kHeadDim <= 128;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
@@ -78,7 +78,7 @@ struct FwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;  // also O in the epilogue
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
-    uint64_t q_full;
+    uint64_t q_full, q_empty;  // Q landed; Q (and O staged over it) no longer read by the consumers
     uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
@@ -94,7 +94,7 @@ struct FwdArgsSm90 {
 namespace sm90 {
 
 // Named barriers (ids above CUTLASS's reserved ones).
-enum class Barrier : int { kEpilogue = 0, kWarpgroup0 = 1, kWarpgroup1 = 2 };
+enum class Barrier : int { kEpilogue = 0, kWarpgroup0 = 1 };  // then one per consumer warpgroup
 
 // The (rows, head_dim, heads, batch) extents the TMA descriptors were built for (fwd_launch_sm90.h).
 template <bool kIsQ>
@@ -105,9 +105,13 @@ __host__ __device__ inline auto tma_shape(const FwdParams& p) {
                           varlen ? 1 : (p.batch > 0 ? p.batch : 1));
 }
 
+// Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), Q once the consumers
+// are done with the previous tile's Q and O, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
+// `leader` issues. The pipeline states carry over from tile to tile.
 template <class Traits>
-__device__ void fwd_producer(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                             const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block) {
+__device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                                 const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
+                                 PipelineState& state, uint32_t q_phase, bool leader) {
   using namespace cute;
   const FwdParams& p = args.params;
   const int batch_index = p.cu_seqlens_q != nullptr ? 0 : bidb;
@@ -124,29 +128,69 @@ __device__ void fwd_producer(const FwdArgsSm90<Traits>& args, typename Traits::S
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});   // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
-  auto [tQgQ, tQsQ] = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-  auto [tKgK, tKsK] = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-  auto [tVgV, tVsV] = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+  Tensor tQgQ = get<0>(tQ);  // (TMA) coordinates in q
+  Tensor tQsQ = get<1>(tQ);  // (TMA)
+  auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  Tensor tKgK = get<0>(tK);  // (TMA, n) coordinates in k
+  Tensor tKsK = get<1>(tK);  // (TMA, stages)
+  auto tV = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  Tensor tVgV = get<0>(tV);  // (TMA, n) coordinates in v
+  Tensor tVsV = get<1>(tV);  // (TMA, stages)
 
-  barrier_expect_tx(&smem.q_full, Traits::kQBytes);
-  copy(args.tma_q.with(smem.q_full), tQgQ, tQsQ);
-  PipelineState state;
-  for (int n_block = blocks.n_max - 1; n_block >= blocks.n_min; --n_block) {
-    // A fresh barrier counts as having completed the phase before 0, so the first pass does not wait.
+  // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
+  auto load_k = [&](int n_block) {
     barrier_wait(&smem.k_empty[state.stage], state.phase ^ 1);
-    barrier_expect_tx(&smem.k_full[state.stage], Traits::kKVBytes);
-    copy(args.tma_k.with(smem.k_full[state.stage]), tKgK(_, n_block), tKsK(_, state.stage));
+    if (leader) {
+      barrier_expect_tx(&smem.k_full[state.stage], Traits::kKVBytes);
+      copy(args.tma_k.with(smem.k_full[state.stage]), tKgK(_, n_block), tKsK(_, state.stage));
+    }
+  };
+  auto load_v = [&](int n_block) {
     barrier_wait(&smem.v_empty[state.stage], state.phase ^ 1);
-    barrier_expect_tx(&smem.v_full[state.stage], Traits::kKVBytes);
-    copy(args.tma_v.with(smem.v_full[state.stage]), tVgV(_, n_block), tVsV(_, state.stage));
+    if (leader) {
+      barrier_expect_tx(&smem.v_full[state.stage], Traits::kKVBytes);
+      copy(args.tma_v.with(smem.v_full[state.stage]), tVgV(_, n_block), tVsV(_, state.stage));
+    }
     state.template advance<Traits::kStages>();
+  };
+  load_k(blocks.n_max - 1);
+  barrier_wait(&smem.q_empty, q_phase ^ 1);
+  if (leader) {
+    barrier_expect_tx(&smem.q_full, Traits::kQBytes);
+    copy(args.tma_q.with(smem.q_full), tQgQ, tQsQ);
+  }
+  load_v(blocks.n_max - 1);
+  for (int n_block = blocks.n_max - 2; n_block >= blocks.n_min; --n_block) {
+    load_k(n_block);
+    load_v(n_block);
   }
 }
 
-// One consumer warpgroup's 64 rows of the tile; thread = this thread's index among all consumer threads.
+// A tile without visible keys: out 0 and LSE -inf, stored directly (shared memory may already hold the
+// next tile's Q).
 template <class Traits>
-__device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage& smem, const SeqlenInfo& seq,
-                             const BlockRange& blocks, int bidb, int bidh, int m_block, int thread) {
+__device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
+                                     int thread) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kVecsPerRow = Traits::kHeadDim / 8;
+  const int rows_left = seq.len_q - m_block * kBlockM;
+  Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
+                 bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
+  float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
+  for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
+    const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
+    if (row < rows_left && col < p.head_dim) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
+    if (row < rows_left && col == 0) lse[row] = -INFINITY;
+  }
+}
+
+// The consumers' share of one tile (each warpgroup 64 rows; thread = index among all consumer threads):
+// the mainloop, then O and the LSE through shared memory. The pipeline states carry over between tiles.
+template <class Traits>
+__device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStorage& smem, const SeqlenInfo& seq,
+                                 const BlockRange& blocks, int bidb, int bidh, int m_block, int thread,
+                                 PipelineState& k_state, PipelineState& v_state, uint32_t q_phase) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -173,7 +217,6 @@ __device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage&
 
   // S = Q K[n]^T of the next block is issued before O += P V[n + 1] of the current one, so the softmax of
   // S overlaps the P V product (FA3's intra-warpgroup overlap); O is rescaled once that product is done.
-  PipelineState k_state, v_state;
   Tensor acc_s = partition_fragment_C(mma_s, typename Traits::TileS{});  // ((2, 2, kBlockN / 8), MMA_M, MMA_N)
   Tensor rP = make_fragment_like<Element>(acc_s);
   Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // ((2, 2, 2), MMA_M, kBlockN / 16)
@@ -192,14 +235,15 @@ __device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage&
     if (release_thread) barrier_arrive(&empty[state.stage]);
     state.template advance<Traits::kStages>();
   };
-  // Ping-pong: a warpgroup issues its GEMMs only between its turn's start (the other's arrival) and its
-  // arrival on the other's barrier. Warpgroup 0 goes first.
+  // Ping-pong: a warpgroup issues its GEMMs only between its turn's start (the previous warpgroup's arrival
+  // on its barrier) and its own arrival on the next one's. Warpgroup 0 goes first.
+  constexpr int kGroups = Traits::kConsumerWarpgroups;
   const int warpgroup = thread / 128;
   auto turn_begin = [&] {
     if constexpr (Traits::kPingPong) named_barrier_sync(256, int(Barrier::kWarpgroup0) + warpgroup);
   };
   auto turn_end = [&] {
-    if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + 1 - warpgroup);
+    if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + (warpgroup + 1) % kGroups);
   };
   auto softmax_step = [&](int n_block, auto masked) {
     if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
@@ -221,28 +265,26 @@ __device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage&
   };
 
   int n_block = blocks.n_max - 1;
-  if (n_block >= blocks.n_min) {
-    if (Traits::kPingPong && warpgroup == 1) named_barrier_arrive(256, int(Barrier::kWarpgroup0));
-    barrier_wait(&smem.q_full, 0);
-    turn_begin();
-    issue_qk();
-    turn_end();
-    warpgroup_wait<0>();
-    release(smem.k_empty, k_state);
-    if (n_block >= blocks.n_masked_min) {
-      softmax_step(n_block, true_type{});
-    } else {
-      softmax_step(n_block, false_type{});
-    }
-    convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
-    for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
-    for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
-    turn_begin();
-    issue_pv();
-    if (warpgroup == 0) turn_end();  // the last turn: warpgroup 1 waits for none
-    warpgroup_wait<0>();
-    release(smem.v_empty, v_state);
+  if (Traits::kPingPong && warpgroup == kGroups - 1) named_barrier_arrive(256, int(Barrier::kWarpgroup0));
+  barrier_wait(&smem.q_full, q_phase);
+  turn_begin();
+  issue_qk();
+  turn_end();
+  warpgroup_wait<0>();
+  release(smem.k_empty, k_state);
+  if (n_block >= blocks.n_masked_min) {
+    softmax_step(n_block, true_type{});
+  } else {
+    softmax_step(n_block, false_type{});
   }
+  convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
+  for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
+  for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+  turn_begin();
+  issue_pv();
+  if (warpgroup != kGroups - 1) turn_end();  // the last turn: warpgroup 0 waits for none
+  warpgroup_wait<0>();
+  release(smem.v_empty, v_state);
 
   // Epilogue: normalize, stage O through shared memory (over Q, once every warpgroup is done with it) for
   // 16-byte row stores, write the LSE.
@@ -273,6 +315,8 @@ __device__ void fwd_consumer(const FwdParams& p, typename Traits::SharedStorage&
       *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
     }
   }
+  named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));  // every thread is done reading sO
+  if (release_thread) barrier_arrive(&smem.q_empty);
 }
 
 }  // namespace sm90
@@ -281,12 +325,14 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
+  using Scheduler = QueryTileScheduler<Traits::kBlockM>;
   extern __shared__ __align__(1024) char smem_buf[];
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const FwdParams& p = args.params;
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   if (threadIdx.x == 0) {
     barrier_init(&smem.q_full, 1);
+    barrier_init(&smem.q_empty, Traits::kConsumerWarpgroups);
     CUTE_UNROLL
     for (int s = 0; s < Traits::kStages; ++s) {
       barrier_init(&smem.k_full[s], 1);
@@ -296,29 +342,54 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     }
     cutlass::arch::fence_barrier_init();
   }
+  __syncthreads();
 
-  const auto tile = QueryTileScheduler<Traits::kBlockM>::get(p);
-  if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
-    const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
-    uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride, p.o_row_stride,
-                        p.head_dim, p.lse + tile.bidh * p.lse_head_stride,
-                        int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
-  }
-  __syncthreads();  // the barriers are initialized
-  if (!tile.valid) return;
-  const SeqlenInfo seq(p, tile.bidb);
-  const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
+  // Producer and consumers walk the same slots and skip the same empty ones, so the barrier phases agree.
+  const int num_slots = int(Scheduler::num_blocks(p));
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x / 32 == 0 && cute::elect_one_sync() && blocks.n_max > blocks.n_min) {
+    if (threadIdx.x / 32 != 0) return;
+    const bool leader = cute::elect_one_sync();
+    if (leader) {
       cute::prefetch_tma_descriptor(args.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
-      fwd_producer<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block);
+    }
+    PipelineState state;
+    uint32_t q_phase = 0;
+    for (int slot = blockIdx.x; slot < num_slots; slot += gridDim.x) {
+      const auto tile = Scheduler::get(p, slot);
+      if (!tile.valid) continue;
+      const SeqlenInfo seq(p, tile.bidb);
+      const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
+      if (blocks.n_max <= blocks.n_min) continue;
+      fwd_produce_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
+      q_phase ^= 1;
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    fwd_consumer<Traits>(p, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, int(threadIdx.x) - 128);
+    const int thread = int(threadIdx.x) - 128;
+    PipelineState k_state, v_state;
+    uint32_t q_phase = 0;
+    for (int slot = blockIdx.x; slot < num_slots; slot += gridDim.x) {
+      const auto tile = Scheduler::get(p, slot);
+      if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots
+        const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
+        uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride,
+                            p.o_row_stride, p.head_dim, p.lse + tile.bidh * p.lse_head_stride,
+                            int64_t(tile.rank) * Traits::kConsumerThreads + thread,
+                            int64_t(tile.ranks) * Traits::kConsumerThreads);
+      }
+      if (!tile.valid) continue;
+      const SeqlenInfo seq(p, tile.bidb);
+      const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
+      if (blocks.n_max <= blocks.n_min) {
+        fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
+        continue;
+      }
+      fwd_consume_tile<Traits>(p, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
+      q_phase ^= 1;
+    }
   }
 #endif
 }

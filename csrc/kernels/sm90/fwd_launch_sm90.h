@@ -1,5 +1,5 @@
 // Launcher for one (head dim, dtype) Hopper forward kernel: builds the TMA descriptors on the host, then
-// launches one block per query tile. Each csrc/instantiations/fwd_*_sm90.cu instantiates one.
+// launches a persistent grid. Each csrc/instantiations/fwd_*_sm90.cu instantiates one.
 #pragma once
 
 #include <climits>
@@ -50,7 +50,17 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
                                                      cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
                                                      typename Traits::TileKV{}),
   };
-  kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
+  // Fixed-length, non-causal tiles are equal work: one persistent block per SM (at most one fits) walks
+  // slots blockIdx.x + k * gridDim.x. Causal and varlen tiles are not: one block per slot, which the
+  // hardware hands out as SMs free up (a static walk measured 0.67x at d 128 causal 16k, TUNING step 19).
+  int grid = int(num_blocks);
+  if (!p.causal && !varlen) {
+    int device = 0, num_sms = 0;
+    if (cudaError_t err = cudaGetDevice(&device)) return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
+    grid = num_blocks < num_sms ? int(num_blocks) : num_sms;
+  }
+  kernel<<<unsigned(grid), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }
 

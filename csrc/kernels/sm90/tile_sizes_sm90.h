@@ -12,7 +12,7 @@ struct TileSm90 {
 
 template <int kHeadDim> struct FwdTileSm90;
 template <> struct FwdTileSm90<32>  { using type = TileSm90<128, 128>; };
-template <> struct FwdTileSm90<64>  { using type = TileSm90<128, 128>; };
+template <> struct FwdTileSm90<64>  { using type = TileSm90<192, 128>; };  // 3 consumer warpgroups
 template <> struct FwdTileSm90<96>  { using type = TileSm90<128, 128>; };
 template <> struct FwdTileSm90<128> { using type = TileSm90<128, 128>; };
 template <> struct FwdTileSm90<160> { using type = TileSm90<128, 112>; };

@@ -1,0 +1,230 @@
+"""flash_attn2 against PyTorch on the attention of real models: causal, GQA, bf16, and packed varlen batches.
+
+    python -m flash_attn2.benchmark_models [--seqlens 2048 8192 32768] [--tokens 32768] [--passes fwd fwd_train]
+
+Each (model, seqlen) point runs batch = tokens // seqlen sequences; a "packed" point runs documents of mixed
+lengths summing to `tokens`, as one varlen batch (PyTorch's own varlen attention beside it where it runs).
+SDPA gets (b, h, s, d) views of the same tensors and enable_gqa=True (a backend that rejects it runs on k/v
+repeated to q's heads beforehand, outside the timing; the log says so). `fwd` times the forward with grad
+disabled; `fwd_train` with grad enabled (SDPA's kernels then also write the LSE, as ours always do).
+Implementations alternate at every point, after warm-up runs, timed by CUDA events (median).
+Writes <out_dir>/<gpu>_models.csv (the FA2 grid's columns plus shape and nheads_k) and a PNG plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
+
+from .benchmark import FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, forward_backend, gpu_slug, median_ms
+from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+# name: (query heads, key/value heads, head dim)
+MODELS = {
+    "llama3.2-1b": (32, 8, 64),
+    "llama3-8b": (32, 8, 128),
+    "qwen2.5-7b": (28, 4, 128),
+    "llama3-70b-tp8": (8, 1, 128),
+    "gemma2-9b": (16, 8, 256),
+}
+SEQLENS = (2048, 8192, 32768)
+TOKENS = 32768
+# Document lengths of one packed batch (a fixed mix of long and short), repeated or cut to `tokens`.
+PACKED_DOCS = (8192, 1000, 3000, 517, 4096, 64, 2500, 7000, 1200, 300, 2048, 900, 1011, 140)
+PASSES = ("fwd", "fwd_train", "bwd", "fwd_bwd")
+IMPLS = (*FLASH_ATTN2_BACKENDS, *SDPA_BACKENDS, "torch_varlen")
+COLUMNS = ("gpu", "impl", "shape", "dtype", "hdim", "causal", "seqlen", "batch", "nheads", "nheads_k", "pass", "ms",
+           "tflops")
+
+
+def packed_lengths(tokens: int) -> list[int]:
+    lengths, total = [], 0
+    while total < tokens:
+        length = min(PACKED_DOCS[len(lengths) % len(PACKED_DOCS)], tokens - total)
+        lengths.append(length)
+        total += length
+    return lengths
+
+
+def causal_flops(lengths, nheads, hdim, pass_):
+    """FA2's count, halved for causal: 4 * h * s^2 * d / 2 per sequence; backward 2.5x."""
+    fwd = sum(2 * nheads * s * s * hdim for s in lengths)
+    return {"fwd": fwd, "fwd_train": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[pass_]
+
+
+def timed(fn, inputs, pass_, dout, reps):
+    if pass_ == "fwd":
+        def run():
+            with torch.no_grad():
+                fn()
+    elif pass_ == "fwd_train":
+        run = fn
+    elif pass_ == "bwd":
+        out = fn()
+        def run():
+            torch.autograd.grad(out, inputs, dout, retain_graph=True)
+    else:
+        def run():
+            torch.autograd.grad(fn(), inputs, dout)
+    return median_ms(run, reps=reps)
+
+
+def dense_fn(impl, q, k, v, expand_kv=False):
+    """(fn, the tensors to differentiate), or None. expand_kv: SDPA on k/v repeated to q's heads beforehand
+    (outside the timing), for a backend that rejects enable_gqa."""
+    if impl in FLASH_ATTN2_BACKENDS:
+        def ours():
+            with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
+                return flash_attn_func(q, k, v, causal=True)
+        return ours, (q, k, v)
+    if impl not in SDPA_BACKENDS:
+        return None
+    if expand_kv:
+        group = q.shape[2] // k.shape[2]
+        k, v = (t.detach().repeat_interleave(group, dim=2).requires_grad_(t.requires_grad) for t in (k, v))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+    def sdpa():
+        with sdpa_kernel(SDPA_BACKENDS[impl]):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=not expand_kv).transpose(1, 2)
+    return sdpa, (q, k, v)
+
+
+def varlen_fn(impl, q, k, v, cu, max_len):
+    if impl in FLASH_ATTN2_BACKENDS:
+        def ours():
+            with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
+                return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)
+        return ours, (q, k, v)
+    if impl == "torch_varlen":
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            return None
+        return (lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, window_size=(-1, 0))), (q, k, v)
+    return None
+
+
+def run_models(models, seqlens, tokens, impls, passes, reps, log=print):
+    gpu = torch.cuda.get_device_name()
+    dtype = torch.bfloat16
+    rows = []
+    for shape in models:
+        nheads, nheads_k, hdim = MODELS[shape]
+        points = [(s, [s] * max(1, tokens // s)) for s in seqlens] + [("packed", packed_lengths(tokens))]
+        for seqlen, lengths in points:
+            grad = any(p in ("bwd", "fwd_bwd") for p in passes)
+            packed = seqlen == "packed"
+            total, batch = sum(lengths), len(lengths)
+            make = lambda h, *lead: torch.randn(*lead, h, hdim, device="cuda", dtype=dtype, requires_grad=grad)
+            if packed:
+                q, k, v = make(nheads, total), make(nheads_k, total), make(nheads_k, total)
+                cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+            else:
+                q, k, v = make(nheads, batch, seqlen), make(nheads_k, batch, seqlen), make(nheads_k, batch, seqlen)
+            dout = torch.randn_like(q)
+            line = []
+            for pass_ in passes:
+                for impl in impls:
+                    ms = None
+                    for expand_kv in (False, True):  # SDPA with enable_gqa, else on repeated k/v
+                        made = varlen_fn(impl, q, k, v, cu, max(lengths)) if packed else dense_fn(impl, q, k, v, expand_kv)
+                        if made is None:
+                            break
+                        try:
+                            ms = timed(*made, pass_, dout, reps)
+                            break
+                        except RuntimeError as e:  # a backend that does not take this shape
+                            log(f"  {impl} {pass_} {'(k/v repeated) ' if expand_kv else ''}skipped at {shape} "
+                                f"s={seqlen}: {str(e).splitlines()[0][:120]}")
+                            if packed or impl not in SDPA_BACKENDS:
+                                break
+                    if ms is None:
+                        continue
+                    tflops = causal_flops(lengths, nheads, hdim, pass_) / ms / 1e9
+                    rows.append(dict(gpu=gpu, impl=impl, shape=shape, dtype="bf16", hdim=hdim, causal=True,
+                                     seqlen=seqlen, batch=batch, nheads=nheads, nheads_k=nheads_k, **{"pass": pass_},
+                                     ms=round(ms, 5), tflops=round(tflops, 2)))
+                    line.append(f"{pass_} {impl} {tflops:6.1f}")
+            log(f"{shape:15} s={seqlen!s:>6} b={batch:3d}: " + " | ".join(line))
+            del q, k, v, dout
+    return rows
+
+
+def summary(rows, impl="flash_attn2", bases=("sdpa_cudnn", "sdpa_flash", "torch_varlen")) -> str:
+    lines = []
+    key = lambda r: (r["pass"], r["shape"], str(r["seqlen"]))
+    ours = {key(r): r["tflops"] for r in rows if r["impl"] == impl}
+    for base in bases:
+        theirs = {key(r): r["tflops"] for r in rows if r["impl"] == base}
+        for pass_ in sorted({k[0] for k in ours}):
+            pairs = [(ours[k] / theirs[k], k) for k in ours if k in theirs and k[0] == pass_]
+            if pairs:
+                geomean = math.exp(sum(math.log(r) for r, _ in pairs) / len(pairs))
+                worst, at = min(pairs)
+                lines.append(f"{pass_}: {impl} / {base} over {len(pairs)} points: geomean {geomean:.3f}, "
+                             f"min {worst:.3f} at {at[1]} s={at[2]}")
+    return "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    passes = sorted({r["pass"] for r in rows})
+    points = sorted({(r["shape"], str(r["seqlen"])) for r in rows}, key=lambda p: (list(MODELS).index(p[0]), p[1]))
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+    fig, axes = plt.subplots(len(passes), 1, figsize=(max(8, 0.9 * len(points)), 3.4 * len(passes)), squeeze=False)
+    width = 0.8 / max(1, len(impls))
+    for ax, pass_ in zip(axes.flat, passes):
+        for i, impl in enumerate(impls):
+            values = {(r["shape"], str(r["seqlen"])): r["tflops"] for r in rows if (r["impl"], r["pass"]) == (impl, pass_)}
+            xs = [j + i * width for j, p in enumerate(points) if p in values]
+            ax.bar(xs, [values[p] for p in points if p in values], width, label=impl)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))])
+        ax.set_xticklabels([f"{s}\n{n}" for s, n in points], fontsize=7)
+        ax.set_ylabel("TFLOPs/s")
+        ax.set_title(f"{pass_}, causal, bf16", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes.flat[0].legend(fontsize=7, ncol=len(impls))
+    fig.suptitle(f"{rows[0]['gpu']}: model attention shapes, {TOKENS} tokens per batch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--seqlens", nargs="+", type=int, default=list(SEQLENS))
+    p.add_argument("--tokens", type=int, default=TOKENS)
+    p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--passes", nargs="+", default=["fwd", "fwd_train"], choices=list(PASSES))
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    args = p.parse_args(argv)
+    rows = run_models(args.models, args.seqlens, args.tokens, args.impls, args.passes, args.reps)
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, gpu_slug(torch.cuda.get_device_name()) + "_models")
+    with open(base + ".csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    try:
+        plot(rows, base + ".png")
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+    print(f"wrote {base}.csv and .png")
+    print(summary(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
