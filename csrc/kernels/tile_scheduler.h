@@ -22,14 +22,16 @@
 
 namespace flash_attn2 {
 
+struct QueryTile {
+  int bidb, bidh, m_block;
+  bool valid;       // a tile to compute (not an empty slot)
+  bool owns_slot;   // slot `rank` of head bidh: a share of that head's zero-fill work
+  int rank, ranks;  // this block's slot among the head's `ranks` slots
+};
+
 template <int kBlockM>
 struct QueryTileScheduler {
-  struct Tile {
-    int bidb, bidh, m_block;
-    bool valid;       // a tile to compute (not an empty slot)
-    bool owns_slot;   // slot `rank` of head bidh: a share of that head's zero-fill work
-    int rank, ranks;  // this block's slot among the head's `ranks` slots
-  };
+  using Tile = QueryTile;
 
   __host__ __device__ static int64_t slots_per_head(const FwdParams& p) {
     return p.cu_seqlens_q != nullptr ? p.total_q / kBlockM + p.batch
@@ -86,6 +88,25 @@ struct QueryTileScheduler {
       span = min(stride, span - k * stride);
     }
     return int64_t(p.num_heads) * first_slot(p, lo) <= block ? lo : -1;
+  }
+};
+
+// Fixed-length causal tiles for a persistent grid that walks slots round-robin: tile work falls with the
+// query block, so the slots go longest first (every head's last query block, then the next-to-last, ...),
+// which keeps the blocks' shares even. To keep K/V in L2, the (batch, head) pairs are cut into sections
+// of `section_heads` that run one after the other, longest first within each; the direction alternates
+// from round to round.
+struct CausalTileOrder {
+  int num_m_blocks, section_heads;
+
+  __device__ QueryTile get(const FwdParams& p, int slot) const {
+    const int pairs = p.batch * p.num_heads;
+    const int section = slot / (section_heads * num_m_blocks);
+    const int heads = min(section_heads, pairs - section * section_heads);  // in this section
+    const int r = slot - section * section_heads * num_m_blocks;
+    const int round = r / heads, i = r % heads;
+    const int pair = section * section_heads + (round % 2 == 0 ? i : heads - 1 - i);
+    return {pair / p.num_heads, pair % p.num_heads, num_m_blocks - 1 - round, true, false, 0, 1};
   }
 };
 

@@ -74,10 +74,19 @@ struct FwdTraitsSm90 {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
+  // A persistent grid walks the tiles (the next tile's loads overlap this one's epilogue). Above head dim
+  // 128 the loop's state made ptxas spill (192-328 B at 256): one tile per block there.
+  static constexpr bool kPersistent = kHeadDim <= 128;
+  // O gets its own buffer where it fits, so the next tile's Q can load during this tile's epilogue;
+  // else it is staged over Q.
+  static constexpr int kTileBytes = int(sizeof(Element)) * (2 * cute::cosize_v<SmemLayoutQ> + 2 * cute::cosize_v<SmemLayoutKV>);
+  static constexpr bool kSeparateO = kTileBytes + 2048 <= 227 * 1024;
+
   struct SharedStorage {
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;  // also O in the epilogue
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, kSeparateO ? cute::cosize_v<SmemLayoutQ> : 8, 1024> o;
     uint64_t q_full, q_empty;  // Q landed; Q (and O staged over it) no longer read by the consumers
     uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
@@ -89,6 +98,8 @@ struct FwdArgsSm90 {
   FwdParams params;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k, tma_v;
+  bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
+  CausalTileOrder causal_tiles;
 };
 
 namespace sm90 {
@@ -197,7 +208,8 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
-  Tensor sO = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D), after Q
+  Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? smem.o.data() : smem.q.data()),
+                          typename Traits::SmemLayoutQ{});  // (kBlockM, D)
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
@@ -285,9 +297,10 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
   if (warpgroup != kGroups - 1) turn_end();  // the last turn: warpgroup 0 waits for none
   warpgroup_wait<0>();
   release(smem.v_empty, v_state);
+  if (Traits::kSeparateO && release_thread) barrier_arrive(&smem.q_empty);  // the next tile's Q may load
 
-  // Epilogue: normalize, stage O through shared memory (over Q, once every warpgroup is done with it) for
-  // 16-byte row stores, write the LSE.
+  // Epilogue: normalize, stage O through shared memory (once every warpgroup is done with Q, or with the
+  // previous tile's O) for 16-byte row stores, write the LSE.
   float row_lse[kRows];
   softmax.finalize(O, row_lse);
   Tensor rO = convert_fragment<Element>(acc_o);
@@ -315,8 +328,10 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
       *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
     }
   }
-  named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));  // every thread is done reading sO
-  if (release_thread) barrier_arrive(&smem.q_empty);
+  if constexpr (!Traits::kSeparateO) {
+    named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));  // every thread is done reading sO
+    if (release_thread) barrier_arrive(&smem.q_empty);
+  }
 }
 
 }  // namespace sm90
@@ -346,6 +361,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
 
   // Producer and consumers walk the same slots and skip the same empty ones, so the barrier phases agree.
   const int num_slots = int(Scheduler::num_blocks(p));
+  auto tile_at = [&](int slot) { return args.causal_order ? args.causal_tiles.get(p, slot) : Scheduler::get(p, slot); };
+  auto for_each_slot = [&](auto&& fn) {
+    if constexpr (Traits::kPersistent) {
+      for (int slot = blockIdx.x; slot < num_slots; slot += gridDim.x) fn(slot);
+    } else if (int(blockIdx.x) < num_slots) {
+      fn(int(blockIdx.x));
+    }
+  };
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (threadIdx.x / 32 != 0) return;
@@ -357,22 +380,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     }
     PipelineState state;
     uint32_t q_phase = 0;
-    for (int slot = blockIdx.x; slot < num_slots; slot += gridDim.x) {
-      const auto tile = Scheduler::get(p, slot);
-      if (!tile.valid) continue;
+    for_each_slot([&](int slot) {
+      const QueryTile tile = tile_at(slot);
+      if (!tile.valid) return;
       const SeqlenInfo seq(p, tile.bidb);
       const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
-      if (blocks.n_max <= blocks.n_min) continue;
+      if (blocks.n_max <= blocks.n_min) return;
       fwd_produce_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
       q_phase ^= 1;
-    }
+    });
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int thread = int(threadIdx.x) - 128;
     PipelineState k_state, v_state;
     uint32_t q_phase = 0;
-    for (int slot = blockIdx.x; slot < num_slots; slot += gridDim.x) {
-      const auto tile = Scheduler::get(p, slot);
+    for_each_slot([&](int slot) {
+      const QueryTile tile = tile_at(slot);
       if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots
         const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
         uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride,
@@ -380,16 +403,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
                             int64_t(tile.rank) * Traits::kConsumerThreads + thread,
                             int64_t(tile.ranks) * Traits::kConsumerThreads);
       }
-      if (!tile.valid) continue;
+      if (!tile.valid) return;
       const SeqlenInfo seq(p, tile.bidb);
       const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
       if (blocks.n_max <= blocks.n_min) {
         fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
-        continue;
+        return;
       }
       fwd_consume_tile<Traits>(p, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
       q_phase ^= 1;
-    }
+    });
   }
 #endif
 }

@@ -36,7 +36,7 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
-  const FwdArgsSm90<Traits> args{
+  FwdArgsSm90<Traits> args{
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(p.q, shape_q, p.q_row_stride, p.q_head_stride,
                                                     varlen ? 0 : p.q_batch_stride, typename Traits::SmemLayoutQ{},
@@ -49,16 +49,29 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
                                                      varlen ? 0 : p.v_batch_stride,
                                                      cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
                                                      typename Traits::TileKV{}),
+      false,
+      {},
   };
-  // Fixed-length, non-causal tiles are equal work: one persistent block per SM (at most one fits) walks
-  // slots blockIdx.x + k * gridDim.x. Causal and varlen tiles are not: one block per slot, which the
-  // hardware hands out as SMs free up (a static walk measured 0.67x at d 128 causal 16k, TUNING step 19).
+  // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking
+  // slots blockIdx.x + k * gridDim.x; causal tiles longest first in L2-sized sections of heads
+  // (CausalTileOrder). Varlen: one block per slot, which the hardware hands out as SMs free up (tiles
+  // differ in work with the sequences).
+  const bool persistent = Traits::kPersistent && !varlen;
   int grid = int(num_blocks);
-  if (!p.causal && !varlen) {
+  if (persistent) {
     int device = 0, num_sms = 0;
     if (cudaError_t err = cudaGetDevice(&device)) return err;
     if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
     grid = num_blocks < num_sms ? int(num_blocks) : num_sms;
+  }
+  args.causal_order = persistent && p.causal;
+  if (args.causal_order) {
+    // K and V of one query head's share (its KV head serves the group), against 32 MB of the 50 MB L2.
+    const int64_t kv_bytes = int64_t(p.seqlen_k) * p.head_dim * 2 * int(sizeof(typename Traits::Element)) /
+                             (p.num_heads / p.num_heads_k);
+    const int64_t heads = (int64_t(32) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
+    args.causal_tiles = {int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                         int(heads < 1 ? 1 : heads > p.batch * p.num_heads ? p.batch * p.num_heads : heads)};
   }
   kernel<<<unsigned(grid), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
   return cudaGetLastError();
