@@ -9,8 +9,8 @@
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
-#include "registry.h"
-#include "seqlen.h"
+#include "common/registry.h"
+#include "common/seqlen.h"
 
 namespace flash_attn2 {
 namespace {

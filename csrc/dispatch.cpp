@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "flash_attn2/flash_attn2.h"
-#include "registry.h"
-#include "tile_sizes.h"
+#include "common/registry.h"
+#include "sm80/tile_sizes.h"
 
 // The build names the instantiated kernels (csrc/instantiations/): head-dim buckets and dtypes.
 #if !defined(FLASH_ATTN2_COMPILED_HEAD_DIMS) || !defined(FLASH_ATTN2_COMPILED_FP16) || !defined(FLASH_ATTN2_COMPILED_BF16)

@@ -1,4 +1,4 @@
 // Backward kernel, head dim 224, fp16. One file per (direction, head dim, dtype) keeps builds parallel and selective.
-#include "bwd_launch.h"
+#include "sm80/bwd_launch.h"
 
 FLASH_ATTN2_INSTANTIATE_BWD(224, kFloat16)

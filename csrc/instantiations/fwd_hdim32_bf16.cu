@@ -1,4 +1,4 @@
 // Forward kernel, head dim 32, bf16. One file per (direction, head dim, dtype) keeps builds parallel and selective.
-#include "fwd_launch.h"
+#include "sm80/fwd_launch.h"
 
 FLASH_ATTN2_INSTANTIATE_FWD(32, kBFloat16)

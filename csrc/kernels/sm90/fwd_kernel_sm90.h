@@ -13,13 +13,13 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
 
-#include "block_range.h"
 #include "flash_attn2/flash_attn2.h"
-#include "mask.h"
-#include "seqlen.h"
-#include "softmax.h"
-#include "tile_scheduler.h"
-#include "utils.h"
+#include "common/block_range.h"
+#include "common/mask.h"
+#include "common/seqlen.h"
+#include "common/softmax.h"
+#include "common/tile_scheduler.h"
+#include "common/utils.h"
 #include "sm90/tile_sizes_sm90.h"
 #include "sm90/wgmma.h"
 

@@ -9,7 +9,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "utils.h"
+#include "common/utils.h"
 
 namespace flash_attn2 {
 

@@ -13,13 +13,13 @@
 
 #include <cute/tensor.hpp>
 
-#include "block_range.h"
-#include "dq_accum.h"
+#include "common/block_range.h"
+#include "sm80/dq_accum.h"
 #include "flash_attn2/flash_attn2.h"
-#include "kernel_traits.h"
-#include "mask.h"
-#include "seqlen.h"
-#include "utils.h"
+#include "sm80/kernel_traits.h"
+#include "common/mask.h"
+#include "common/seqlen.h"
+#include "common/utils.h"
 
 namespace flash_attn2 {
 

@@ -5,8 +5,8 @@
 
 #include <climits>
 
-#include "bwd_kernel.h"
-#include "registry.h"
+#include "sm80/bwd_kernel.h"
+#include "common/registry.h"
 
 namespace flash_attn2 {
 

@@ -8,8 +8,8 @@
 #include <cutlass/numeric_types.h>
 
 #include "flash_attn2/flash_attn2.h"
-#include "tile_sizes.h"
-#include "utils.h"
+#include "sm80/tile_sizes.h"
+#include "common/utils.h"
 
 namespace flash_attn2 {
 

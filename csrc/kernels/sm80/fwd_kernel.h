@@ -7,14 +7,14 @@
 
 #include <cute/tensor.hpp>
 
-#include "block_range.h"
+#include "common/block_range.h"
 #include "flash_attn2/flash_attn2.h"
-#include "kernel_traits.h"
-#include "mask.h"
-#include "seqlen.h"
-#include "softmax.h"
-#include "tile_scheduler.h"
-#include "utils.h"
+#include "sm80/kernel_traits.h"
+#include "common/mask.h"
+#include "common/seqlen.h"
+#include "common/softmax.h"
+#include "common/tile_scheduler.h"
+#include "common/utils.h"
 
 namespace flash_attn2 {
 

@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
-#include "seqlen.h"
+#include "common/seqlen.h"
 
 namespace flash_attn2 {
 

@@ -5,10 +5,10 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
-#include "kernel_traits.h"
-#include "seqlen.h"
-#include "tile_scheduler.h"
-#include "utils.h"
+#include "sm80/kernel_traits.h"
+#include "common/seqlen.h"
+#include "common/tile_scheduler.h"
+#include "common/utils.h"
 
 namespace flash_attn2 {
 

@@ -3,8 +3,8 @@
 
 #include <climits>
 
-#include "fwd_kernel.h"
-#include "registry.h"
+#include "sm80/fwd_kernel.h"
+#include "common/registry.h"
 
 namespace flash_attn2 {
 
