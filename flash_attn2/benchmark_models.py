@@ -179,7 +179,8 @@ def plot(rows, path):
     import matplotlib.pyplot as plt
 
     passes = sorted({r["pass"] for r in rows})
-    points = sorted({(r["shape"], str(r["seqlen"])) for r in rows}, key=lambda p: (list(MODELS).index(p[0]), p[1]))
+    order = lambda p: (list(MODELS).index(p[0]), int(p[1]) if p[1].isdigit() else 1 << 40)  # packed last
+    points = sorted({(r["shape"], str(r["seqlen"])) for r in rows}, key=order)
     impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
     fig, axes = plt.subplots(len(passes), 1, figsize=(max(8, 0.9 * len(points)), 3.4 * len(passes)), squeeze=False)
     width = 0.8 / max(1, len(impls))
