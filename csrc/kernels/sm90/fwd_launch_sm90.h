@@ -6,6 +6,7 @@
 
 #include "common/registry.h"
 #include "sm90/fwd_kernel_sm90.h"
+#include "sm90/tma_encode.h"
 
 namespace flash_attn2 {
 
@@ -36,6 +37,7 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
+  sm90::tma_encode_failed = false;
   FwdArgsSm90<Traits> args{
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(p.q, shape_q, p.q_row_stride, p.q_head_stride,
@@ -52,6 +54,7 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
       false,
       {},
   };
+  if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking
   // slots blockIdx.x + k * gridDim.x; causal tiles longest first in L2-sized sections of heads
   // (CausalTileOrder). Varlen: one block per slot, which the hardware hands out as SMs free up (tiles
