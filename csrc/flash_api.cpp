@@ -10,7 +10,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/extension.h>
 #include <torch/library.h>
 
@@ -351,7 +354,6 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, cons
 // ---------------------------------------------------------------------------------------------------
 // Autograd, registered on the ops: one C++ node, so an eager call costs no Python beyond the wrapper's checks.
 
-using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 const auto& fwd_op() {
@@ -369,53 +371,61 @@ const auto& bwd_op() {
   return op;
 }
 
-struct FlashAttnFunction : public torch::autograd::Function<FlashAttnFunction> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                               const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
-                               c10::SymInt max_seqlen_k, double softmax_scale, bool causal, bool deterministic) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, lse] = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                    causal, deterministic);
-    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q.value_or(Tensor()), cu_seqlens_k.value_or(Tensor())});
-    ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
-    ctx->saved_data["max_seqlen_k"] = max_seqlen_k;
-    ctx->saved_data["softmax_scale"] = softmax_scale;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["deterministic"] = deterministic;
-    ctx->mark_non_differentiable({lse});
-    return {out, lse};
+// The backward node of one forward call, built as PyTorch's generated autograd code builds its own: a
+// torch::autograd::Function costs more host time per call (its context map of saved values, output wrapping).
+struct FlashAttnBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable q, k, v, out, lse;
+  OptTensor cu_seqlens_q, cu_seqlens_k;  // int32, never differentiated
+  c10::SymInt max_seqlen_q, max_seqlen_k;
+  double softmax_scale = 0;
+  bool causal = false, deterministic = false;
+
+  std::string name() const override { return "FlashAttnBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    variable_list result(3);  // one per next edge: q, k, v
+    if (!grads[0].defined()) return result;  // out took no part in the loss
+    const bool det = deterministic || at::globalContext().deterministicAlgorithms();
+    auto [dq, dk, dv] = bwd_op().call(grads[0], q.unpack(), k.unpack(), v.unpack(), out.unpack(shared_from_this()),
+                                      lse.unpack(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                      softmax_scale, causal, det);
+    result[0] = std::move(dq), result[1] = std::move(dk), result[2] = std::move(dv);
+    return result;
   }
 
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const Tensor& q = saved[0];
-    const Tensor& k = saved[1];
-    const Tensor& v = saved[2];
-    variable_list result(10);  // one per forward input; only q, k and v are differentiable
-    if (!grads[0].defined()) return result;  // out took no part in the loss
-    auto optional = [](const Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; };
-    const bool deterministic = ctx->saved_data["deterministic"].toBool() || at::globalContext().deterministicAlgorithms();
-    auto [dq, dk, dv] = bwd_op().call(grads[0], q, k, v, saved[3], saved[4], optional(saved[5]), optional(saved[6]),
-                                      ctx->saved_data["max_seqlen_q"].toSymInt(),
-                                      ctx->saved_data["max_seqlen_k"].toSymInt(),
-                                      ctx->saved_data["softmax_scale"].toDouble(), ctx->saved_data["causal"].toBool(),
-                                      deterministic);
-    result[0] = dq, result[1] = dk, result[2] = dv;
-    return result;
+  void release_variables() override {
+    for (auto* saved : {&q, &k, &v, &out, &lse}) saved->reset_data();
   }
 };
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                         const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
                                         double softmax_scale, bool causal, bool deterministic) {
-  if (!torch::autograd::GradMode::is_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad())) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;  // inference: no node to build
-    return fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q), std::move(max_seqlen_k),
-                         softmax_scale, causal, deterministic);
+  const bool needs_grad =
+      torch::autograd::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  Tensor out, lse;
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    std::tie(out, lse) = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                       causal, deterministic);
   }
-  variable_list r = FlashAttnFunction::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
-                                             std::move(max_seqlen_k), softmax_scale, causal, deterministic);
-  return {r[0], r[1]};
+  if (!needs_grad) return {out, lse};  // inference: no node to build
+  auto node = std::shared_ptr<FlashAttnBackward>(new FlashAttnBackward(), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+  torch::autograd::set_history(out, node);  // lse stays non-differentiable
+  node->q = torch::autograd::SavedVariable(q, false);
+  node->k = torch::autograd::SavedVariable(k, false);
+  node->v = torch::autograd::SavedVariable(v, false);
+  node->out = torch::autograd::SavedVariable(out, true);
+  node->lse = torch::autograd::SavedVariable(lse, false);
+  node->cu_seqlens_q = cu_seqlens_q;
+  node->cu_seqlens_k = cu_seqlens_k;
+  node->max_seqlen_q = std::move(max_seqlen_q);
+  node->max_seqlen_k = std::move(max_seqlen_k);
+  node->softmax_scale = softmax_scale;
+  node->causal = causal;
+  node->deterministic = deterministic;
+  return {out, lse};
 }
 
 // The backward op is not differentiable. Under create_graph=True its results carry a node that raises
