@@ -1,0 +1,95 @@
+// Types of one Hopper forward kernel: tiles and warpgroups, the two wgmma shapes, shared-memory layouts
+// and storage, TMA descriptors, and the kernel's arguments.
+#pragma once
+
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // wgmma N = 80, 112, 160, 224 (standard: powers of two, 96, 192)
+
+#include <type_traits>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "flash_attn2/flash_attn2.h"
+#include "common/tile_scheduler.h"
+#include "sm90/tile_sizes_sm90.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim_, typename Element_, class Tile>
+struct FwdTraitsSm90 {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  static constexpr int kStages = Tile::kStages;
+  static constexpr int kConsumerWarpgroups = kBlockM / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kNThreads = 128 + kConsumerThreads;
+  // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the 64K.
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
+  static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  // The consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the others': +5-10%
+  // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128 as in FA3 (not measured here).
+  static constexpr bool kPingPong = kConsumerWarpgroups >= 2 && kHeadDim <= 128;
+
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;
+  // One 64-row wgmma atom per consumer warpgroup, stacked along M.
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      AtomLayout{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // Rows of head_dim elements, K-major for S = Q K^T: 128-byte swizzle when head_dim is a multiple of 64,
+  // else 64-byte. V keeps K's layout; O += P V reads it as the MN-major (D, kBlockN) operand.
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // TMA descriptors over (rows, head_dim, heads, batch) views; varlen uses batch 1 and row offsets.
+  using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, TileQ{}, cute::_1{}));
+  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                             cute::take<0, 2>(SmemLayoutKV{}), TileKV{}, cute::_1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // A persistent grid walks the tiles (the next tile's loads overlap this one's epilogue). Above head dim
+  // 128 the loop's state made ptxas spill (192-328 B at 256): one tile per block there.
+  static constexpr bool kPersistent = kHeadDim <= 128;
+  // O gets its own buffer where it fits, so the next tile's Q can load during this tile's epilogue;
+  // else it is staged over Q.
+  static constexpr int kTileBytes = int(sizeof(Element)) * (2 * cute::cosize_v<SmemLayoutQ> + 2 * cute::cosize_v<SmemLayoutKV>);
+  static constexpr bool kSeparateO = kTileBytes + 2048 <= 227 * 1024;
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, kSeparateO ? cute::cosize_v<SmemLayoutQ> : 8, 1024> o;
+    uint64_t q_full, q_empty;  // Q landed; Q (and O staged over it) no longer read by the consumers
+    uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+template <class Traits>
+struct FwdArgsSm90 {
+  FwdParams params;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaKV tma_k, tma_v;
+  bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
+  CausalTileOrder causal_tiles;
+};
+
+}  // namespace flash_attn2
