@@ -160,11 +160,23 @@ def summary(rows) -> str:
     return "\n".join(lines)
 
 
-def write_csv(rows, path):
+def write_csv(rows, path, columns=COLUMNS):
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
+
+
+def save(rows, out_dir, suffix, columns, plot_fn):
+    """<out_dir>/<gpu><suffix>.csv and, where matplotlib is installed, .png."""
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, gpu_slug(torch.cuda.get_device_name()) + suffix)
+    write_csv(rows, base + ".csv", columns)
+    try:
+        plot_fn(rows, base + ".png")
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+    print(f"wrote {base}.csv and .png")
 
 
 def plot(rows, path):
@@ -213,13 +225,6 @@ def main(argv=None):
     args = parse_args(argv)
     rows = run_grid(args.dtypes, args.hdims, args.seqlens, [c == "true" for c in args.causal], args.impls, args.passes,
                     args.reps)
-    os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, gpu_slug(torch.cuda.get_device_name()))
-    write_csv(rows, base + ".csv")
-    try:
-        plot(rows, base + ".png")
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-    print(f"wrote {base}.csv and .png")
+    save(rows, args.out_dir, "", COLUMNS, plot)
     print(summary(rows))
     return rows

@@ -14,7 +14,6 @@ Writes <out_dir>/<gpu>_models.csv (the FA2 grid's columns plus shape and nheads_
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import os
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, forward_backend, gpu_slug, median_ms
+from .benchmark import FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, forward_backend, median_ms, save
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
 # name: (query heads, key/value heads, head dim)
@@ -212,17 +211,7 @@ def main(argv=None):
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
     args = p.parse_args(argv)
     rows = run_models(args.models, args.seqlens, args.tokens, args.impls, args.passes, args.reps)
-    os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, gpu_slug(torch.cuda.get_device_name()) + "_models")
-    with open(base + ".csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    try:
-        plot(rows, base + ".png")
-    except ImportError:
-        print("matplotlib is not installed: no plot")
-    print(f"wrote {base}.csv and .png")
+    save(rows, args.out_dir, "_models", COLUMNS, plot)
     print(summary(rows))
     return rows
 
