@@ -95,7 +95,7 @@ bool device_is_sm90() {
 
 // The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one.
 // FLASH_ATTN2_BACKEND=sm80 or sm90 (read on every call) insists on one; "" or "auto" is the default.
-FwdLauncher pick_fwd(const Kernels& k, std::string& problem) {
+FwdLauncher pick_fwd(const Kernels& k, std::string& problem, bool& invalid_backend) {
   const char* env = std::getenv("FLASH_ATTN2_BACKEND");
   const std::string backend = env == nullptr ? "" : env;
   const bool sm90_ok = k.fwd_sm90 != nullptr && device_is_sm90();
@@ -109,6 +109,7 @@ FwdLauncher pick_fwd(const Kernels& k, std::string& problem) {
     return k.fwd_sm80;
   }
   problem = "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'";
+  invalid_backend = true;
   return nullptr;
 }
 
@@ -185,9 +186,11 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
   std::string backend_problem;
-  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), backend_problem);
+  bool invalid_backend = false;
+  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), backend_problem, invalid_backend);
   if (fwd == nullptr) {
-    return fail(cudaErrorNotSupported, backend_problem.empty() ? "no forward kernel for this GPU" : backend_problem);
+    return fail(invalid_backend ? cudaErrorInvalidValue : cudaErrorNotSupported,
+                backend_problem.empty() ? "no forward kernel for this GPU" : backend_problem);
   }
   if (cudaError_t err = fwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;

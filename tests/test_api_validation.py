@@ -151,3 +151,29 @@ def test_signatures_match_flash_attn():
     }
     for name, params in expected.items():
         assert str(inspect.signature(getattr(flash_attn2, name))) == f"({params})"
+
+
+@pytest.mark.gpu
+def test_forward_backend_knob(monkeypatch):
+    """FLASH_ATTN2_BACKEND picks the forward path per call; a path this build or GPU cannot serve raises
+    NotImplementedError naming the knob, a bad value RuntimeError; every path computes the same output."""
+    dtype = torch.bfloat16 if flash_attn2.compiled_head_dims(torch.bfloat16) else torch.float16
+    head_dim = flash_attn2.compiled_head_dims(dtype)[0]
+    q, k, v = (torch.randn(2, 17, 2, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    default = flash_attn2.flash_attn_func(q, k, v, causal=True)
+    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "bogus")
+    with pytest.raises(RuntimeError, match="FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got 'bogus'"):
+        flash_attn2.flash_attn_func(q, k, v)
+    sm90_served = torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
+    for backend in ("sm80", "sm90", "auto"):
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)
+        if backend == "sm90" and not sm90_served:
+            with pytest.raises(NotImplementedError, match="FLASH_ATTN2_BACKEND=sm90"):
+                flash_attn2.flash_attn_func(q, k, v, causal=True)
+            continue
+        try:
+            out = flash_attn2.flash_attn_func(q, k, v, causal=True)
+        except NotImplementedError as e:  # only the SM80 forward may be missing (sm_90 builds without FLASH_ATTN2_SM80_FWD)
+            assert backend == "sm80" and sm90_served and "FLASH_ATTN2_SM80_FWD=1" in str(e)
+            continue
+        torch.testing.assert_close(out, default, atol=2e-2, rtol=0)
