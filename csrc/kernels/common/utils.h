@@ -81,17 +81,6 @@ __device__ constexpr auto acc_as_operand_a(Layout const& acc) {
   }
 }
 
-template <typename To, class Engine, class Layout>
-__device__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
-  using From = typename Engine::value_type;
-  constexpr int N = decltype(cute::size(src))::value;
-  auto dst = cute::make_tensor<To>(src.layout());
-  cutlass::NumericArrayConverter<To, From, N> convert;
-  *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
-      convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
-  return dst;
-}
-
 // dst = src converted elementwise, into an existing fragment of the same size.
 template <class EngineS, class LayoutS, class EngineD, class LayoutD>
 __device__ void convert_fragment_into(cute::Tensor<EngineS, LayoutS> const& src, cute::Tensor<EngineD, LayoutD>& dst) {
@@ -102,6 +91,14 @@ __device__ void convert_fragment_into(cute::Tensor<EngineS, LayoutS> const& src,
   cutlass::NumericArrayConverter<To, From, N> convert;
   *reinterpret_cast<cutlass::Array<To, N>*>(dst.data()) =
       convert(*reinterpret_cast<const cutlass::Array<From, N>*>(src.data()));
+}
+
+// src converted elementwise into a new register fragment of the same layout.
+template <typename To, class Engine, class Layout>
+__device__ auto convert_fragment(cute::Tensor<Engine, Layout> const& src) {
+  auto dst = cute::make_tensor<To>(src.layout());
+  convert_fragment_into(src, dst);
+  return dst;
 }
 
 // A (rows, kCols) row-major view of global memory with a runtime row stride and contiguous columns.
