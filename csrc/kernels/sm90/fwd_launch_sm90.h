@@ -41,14 +41,14 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   FwdArgsSm90<Traits> args{
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(p.q, shape_q, p.q_row_stride, p.q_head_stride,
-                                                    varlen ? 0 : p.q_batch_stride, typename Traits::SmemLayoutQ{},
+                                                    p.q_batch_stride, typename Traits::SmemLayoutQ{},
                                                     typename Traits::TileQ{}),
       sm90::make_tma<Traits, typename Traits::TmaKV>(p.k, shape_k, p.k_row_stride, p.k_head_stride,
-                                                     varlen ? 0 : p.k_batch_stride,
+                                                     p.k_batch_stride,
                                                      cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
                                                      typename Traits::TileKV{}),
       sm90::make_tma<Traits, typename Traits::TmaKV>(p.v, shape_k, p.v_row_stride, p.v_head_stride,
-                                                     varlen ? 0 : p.v_batch_stride,
+                                                     p.v_batch_stride,
                                                      cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
                                                      typename Traits::TileKV{}),
       false,
@@ -58,8 +58,10 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking
   // slots blockIdx.x + k * gridDim.x; causal tiles longest first in L2-sized sections of heads
   // (CausalTileOrder). Varlen: one block per slot, which the hardware hands out as SMs free up (tiles
-  // differ in work with the sequences).
-  const bool persistent = Traits::kPersistent && !varlen;
+  // differ in work with the sequences). Causal: the walk won at seqlen_q <= 2k (d 128: 234 vs 206 TFLOP/s
+  // at 512, 479 vs 464 at 2k) and lost above (530 vs 580 at 4k, 551 vs 611 at 16k), where one block per
+  // slot keeps each head's tiles together.
+  const bool persistent = Traits::kPersistent && !varlen && !(p.causal && p.seqlen_q > 2048);
   int grid = int(num_blocks);
   if (persistent) {
     int device = 0, num_sms = 0;
@@ -67,9 +69,6 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
     if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
     grid = num_blocks < num_sms ? int(num_blocks) : num_sms;
   }
-  // Causal: the walk won at seqlen_q <= 2k (d 128: 234 vs 206 TFLOP/s at 512, 479 vs 464 at 2k) and lost
-  // above (530 vs 580 at 4k, 551 vs 611 at 16k), where one block per slot keeps each head's tiles together.
-  if (p.causal && p.seqlen_q > 2048) grid = int(num_blocks);
   args.causal_order = persistent && p.causal && grid < num_blocks;
   if (args.causal_order) {
     // Sections of about two waves of tiles, at most 16 MB of K and V (a query head's share: its KV head
