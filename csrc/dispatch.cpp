@@ -93,29 +93,35 @@ bool device_is_sm90() {
   return sm90;
 }
 
-// The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one.
-// FLASH_ATTN2_BACKEND=sm80 or sm90 (read on every call) insists on one; "" or "auto" is the default.
-FwdLauncher pick_fwd(const Kernels& k, std::string& problem, bool& invalid_backend) {
-  const char* env = std::getenv("FLASH_ATTN2_BACKEND");
-  const std::string backend = env == nullptr ? "" : env;
-  const bool sm90_ok = k.fwd_sm90 != nullptr && device_is_sm90();
-  if (backend.empty() || backend == "auto") return sm90_ok ? k.fwd_sm90 : k.fwd_sm80;
-  if (backend == "sm90") {
-    if (!sm90_ok) problem = "FLASH_ATTN2_BACKEND=sm90, but the Hopper forward was not built or the GPU is not sm_90";
-    return sm90_ok ? k.fwd_sm90 : nullptr;
-  }
-  if (backend == "sm80") {
-    if (k.fwd_sm80 == nullptr) problem = "FLASH_ATTN2_BACKEND=sm80, but the SM80 forward was not built (FLASH_ATTN2_SM80_FWD=1)";
-    return k.fwd_sm80;
-  }
-  problem = "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'";
-  invalid_backend = true;
-  return nullptr;
-}
-
 cudaError_t fail(cudaError_t err, std::string message) {
   last_error = std::move(message);
   return err;
+}
+
+// The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one.
+// FLASH_ATTN2_BACKEND=sm80 or sm90 (read on every call) insists on one; "" or "auto" is the default.
+// nullptr when none can serve the call, with last_error saying why and *err the code.
+FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
+  const char* env = std::getenv("FLASH_ATTN2_BACKEND");
+  const std::string backend = env == nullptr ? "" : env;
+  const bool sm90_ok = k.fwd_sm90 != nullptr && device_is_sm90();
+  FwdLauncher fwd = nullptr;
+  std::string why = "no forward kernel for this GPU";
+  *err = cudaErrorNotSupported;
+  if (backend.empty() || backend == "auto") {
+    fwd = sm90_ok ? k.fwd_sm90 : k.fwd_sm80;
+  } else if (backend == "sm90") {
+    fwd = sm90_ok ? k.fwd_sm90 : nullptr;
+    why = "FLASH_ATTN2_BACKEND=sm90, but the Hopper forward was not built or the GPU is not sm_90";
+  } else if (backend == "sm80") {
+    fwd = k.fwd_sm80;
+    why = "FLASH_ATTN2_BACKEND=sm80, but the SM80 forward was not built (FLASH_ATTN2_SM80_FWD=1)";
+  } else {
+    why = "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'";
+    *err = cudaErrorInvalidValue;
+  }
+  if (fwd == nullptr) fail(*err, std::move(why));
+  return fwd;
 }
 
 // Why p cannot be run, or "" when it can.
@@ -185,14 +191,10 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
-  std::string backend_problem;
-  bool invalid_backend = false;
-  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), backend_problem, invalid_backend);
-  if (fwd == nullptr) {
-    return fail(invalid_backend ? cudaErrorInvalidValue : cudaErrorNotSupported,
-                backend_problem.empty() ? "no forward kernel for this GPU" : backend_problem);
-  }
-  if (cudaError_t err = fwd(p, stream)) return fail(err, cudaGetErrorString(err));
+  cudaError_t err = cudaSuccess;
+  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
+  if (fwd == nullptr) return err;
+  if ((err = fwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

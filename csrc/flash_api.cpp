@@ -105,11 +105,11 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
                   ")");
     }
   }
-  if (k.device() != q.device()) {
-    value_error("k must be on q's device " + device_str(q.device()) + ", got " + device_str(k.device()));
-  }
-  if (v.device() != q.device()) {
-    value_error("v must be on q's device " + device_str(q.device()) + ", got " + device_str(v.device()));
+  for (int i = 1; i < 3; ++i) {  // k, v
+    if (qkv[i]->device() != q.device()) {
+      value_error(std::string(qkv_names[i]) + " must be on q's device " + device_str(q.device()) + ", got " +
+                  device_str(qkv[i]->device()));
+    }
   }
   if (!varlen) {
     if (q.size(1) > flash_attn2::kMaxSeqlen || k.size(1) > flash_attn2::kMaxSeqlen) {
