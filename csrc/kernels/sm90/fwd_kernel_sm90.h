@@ -9,6 +9,9 @@
 // lengths and the tile scheduler are the SM80 kernel's.
 #pragma once
 
+// First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
+#include "sm90/fwd_traits_sm90.h"
+
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
@@ -19,7 +22,6 @@
 #include "common/softmax.h"
 #include "common/tile_scheduler.h"
 #include "common/utils.h"
-#include "sm90/fwd_traits_sm90.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2 {

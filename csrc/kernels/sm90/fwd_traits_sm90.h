@@ -2,7 +2,10 @@
 // and storage, TMA descriptors, and the kernel's arguments.
 #pragma once
 
-#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED  // wgmma N = 80, 112, 160, 224 (standard: powers of two, 96, 192)
+// wgmma N = 80, 112, 160, 224 (standard: powers of two, 96, 192). Must come before any CuTe header; the
+// static_asserts below catch an include order that loses it (d 160-256 then fell back to N = 16 wgmmas,
+// which re-read Q from shared memory once per 16 keys: d 256 ran at 0.65x).
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 
 #include <type_traits>
 
@@ -43,6 +46,8 @@ struct FwdTraitsSm90 {
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayout{}));
+  static_assert(cute::tile_size<1>(TiledMmaS{}) == kBlockN, "S = Q K^T must be one wgmma wide (N = kBlockN)");
+  static_assert(cute::tile_size<1>(TiledMmaO{}) == kHeadDim, "O += P V must be one wgmma wide (N = head dim)");
 
   // Rows of head_dim elements, K-major for S = Q K^T: 128-byte swizzle when head_dim is a multiple of 64,
   // else 64-byte. V keeps K's layout; O += P V reads it as the MN-major (D, kBlockN) operand.
