@@ -35,3 +35,13 @@ def test_model_summary_geomean_and_min():
     line = benchmark_models.summary(rows, bases=("sdpa_cudnn",))
     geomean = math.sqrt(0.8 * 1.25)
     assert f"geomean {geomean:.3f}" in line and "min 0.800 at a s=2048" in line
+
+
+def test_grid_summary_against_each_backend():
+    rows = [dict(impl=impl, dtype="bf16", hdim=128, causal=False, seqlen=s, tflops=t, **{"pass": "fwd"})
+            for impl, s, t in [("flash_attn2", 512, 300.0), ("sdpa_cudnn", 512, 400.0), ("sdpa_flash", 512, 200.0),
+                               ("flash_attn2", 4096, 600.0), ("sdpa_cudnn", 4096, 500.0)]]
+    cudnn, flash = benchmark.summary(rows).splitlines()
+    assert "flash_attn2 / sdpa_cudnn over 2 points" in cudnn and f"geomean {math.sqrt(0.75 * 1.2):.3f}" in cudnn
+    assert "min 0.750 at bf16 hdim=128 causal=False seqlen=512" in cudnn
+    assert "flash_attn2 / sdpa_flash over 1 points: geomean 1.500" in flash
