@@ -157,6 +157,22 @@ def test_padding_roundtrip_through_varlen():
         assert (out[b, n:] == 0).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1023, 1023), (1023, 300), (300, 1023)])
+def test_many_tiles_per_block(seqlen_q, seqlen_k, causal, head_dim, dtype):
+    """More tiles than SMs, so a persistent grid walks several per block (pipeline phases, the warpgroups'
+    turns and the causal order carried from tile to tile); causal rows that see no key when sk < sq."""
+    require_kernel(head_dim, dtype)
+    batch, heads, group = 3, 48, 4
+    q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, group, head_dim, dtype)
+    out = poisoned(q.shape, dtype)
+    lse = poisoned((batch, heads, seqlen_q), torch.float32)
+    out, lse = _flash_attn_forward(q, k, v, None, None, seqlen_q, seqlen_k, head_dim**-0.5, causal, out, lse)
+    check(out, lse, q, k, v, causal)
+
+
 def test_repeatable():
     """The same inputs give bitwise the same outputs: a moving error would mean a race."""
     require_kernel(128, torch.bfloat16)

@@ -29,7 +29,8 @@ namespace flash_attn2 {
 namespace sm90 {
 
 // Named barriers (ids above CUTLASS's reserved ones).
-enum class Barrier : int { kEpilogue = 0, kWarpgroup0 = 1 };  // then one per consumer warpgroup
+// Per consumer warpgroup (at most 3): its ping-pong turn, its epilogue.
+enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3 };
 
 // The (rows, head_dim, heads, batch) extents the TMA descriptors were built for (fwd_launch_sm90.h).
 template <bool kIsQ>
@@ -40,9 +41,22 @@ __host__ __device__ inline auto tma_shape(const FwdParams& p) {
                           varlen ? 1 : (p.batch > 0 ? p.batch : 1));
 }
 
+// The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
+// the causal diagonal of its own rows; none for rows past the sequence. Empty when n_max == n_min.
+template <class Traits>
+__device__ BlockRange warpgroup_block_range(const SeqlenInfo& seq, const BlockRange& tile_blocks, int m_block,
+                                            int warpgroup, bool causal) {
+  const int row_block = m_block * Traits::kConsumerWarpgroups + warpgroup;  // in units of 64 rows
+  BlockRange blocks = fwd_block_range<64, Traits::kBlockN>(seq.len_q, seq.len_k, row_block, causal);
+  blocks.n_min = tile_blocks.n_min;
+  blocks.n_max = row_block * 64 < seq.len_q ? max(blocks.n_min, min(blocks.n_max, tile_blocks.n_max)) : blocks.n_min;
+  return blocks;
+}
+
 // Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), Q once the consumers
 // are done with the previous tile's Q and O, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
-// `leader` issues. The pipeline states carry over from tile to tile.
+// `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
+// (they skip it). The pipeline states carry over from tile to tile.
 template <class Traits>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
@@ -55,17 +69,19 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
   Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
   Tensor gQ = local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), mQ(_, _, bidh, batch_index)),
-                         typename Traits::TileQ{}, make_coord(m_block, _0{}));  // (kBlockM, D)
+                         typename Traits::TileQWarpgroup{},
+                         make_coord(_, _0{}));  // (64, D, m) slabs of 64 rows; the tile's from m_block * kGroups
   Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
                          typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
   Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
                          typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});   // (kBlockM, D)
+  Tensor sQ = local_tile(make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{}),
+                         typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
   auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-  Tensor tQgQ = get<0>(tQ);  // (TMA) coordinates in q
-  Tensor tQsQ = get<1>(tQ);  // (TMA)
+  Tensor tQgQ = get<0>(tQ);  // (TMA, m) coordinates in q
+  Tensor tQsQ = get<1>(tQ);  // (TMA, kGroups)
   auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
   Tensor tKgK = get<0>(tK);  // (TMA, n) coordinates in k
   Tensor tKsK = get<1>(tK);  // (TMA, stages)
@@ -73,12 +89,26 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor tVgV = get<0>(tV);  // (TMA, n) coordinates in v
   Tensor tVsV = get<1>(tV);  // (TMA, stages)
 
+  // The warpgroups past their last block (n >= n_max of their rows) skip it; every block is someone's.
+  int wg_n_max[Traits::kConsumerWarpgroups];
+  CUTE_UNROLL
+  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+    wg_n_max[w] = warpgroup_block_range<Traits>(seq, blocks, m_block, w, p.causal).n_max;
+  }
+  auto release_for_skippers = [&](uint64_t* empty, int n_block) {
+    CUTE_UNROLL
+    for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+      if (n_block >= wg_n_max[w]) barrier_arrive(empty);
+    }
+  };
   // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
+  // Arrivals for skippers come after that wait, so they count toward the stage's current use.
   auto load_k = [&](int n_block) {
     barrier_wait(&smem.k_empty[state.stage], state.phase ^ 1);
     if (leader) {
       barrier_expect_tx(&smem.k_full[state.stage], Traits::kKVBytes);
       copy(args.tma_k.with(smem.k_full[state.stage]), tKgK(_, n_block), tKsK(_, state.stage));
+      release_for_skippers(&smem.k_empty[state.stage], n_block);
     }
   };
   auto load_v = [&](int n_block) {
@@ -86,14 +116,18 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     if (leader) {
       barrier_expect_tx(&smem.v_full[state.stage], Traits::kKVBytes);
       copy(args.tma_v.with(smem.v_full[state.stage]), tVgV(_, n_block), tVsV(_, state.stage));
+      release_for_skippers(&smem.v_empty[state.stage], n_block);
     }
     state.template advance<Traits::kStages>();
   };
   load_k(blocks.n_max - 1);
-  barrier_wait(&smem.q_empty, q_phase ^ 1);
-  if (leader) {
-    barrier_expect_tx(&smem.q_full, Traits::kQBytes);
-    copy(args.tma_q.with(smem.q_full), tQgQ, tQsQ);
+  CUTE_UNROLL
+  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {  // in the order the warpgroups free their slabs
+    barrier_wait(&smem.q_empty[w], q_phase ^ 1);
+    if (leader) {
+      barrier_expect_tx(&smem.q_full[w], Traits::kQBytes);
+      copy(args.tma_q.with(smem.q_full[w]), tQgQ(_, m_block * Traits::kConsumerWarpgroups + w), tQsQ(_, w));
+    }
   }
   load_v(blocks.n_max - 1);
   for (int n_block = blocks.n_max - 2; n_block >= blocks.n_min; --n_block) {
@@ -120,15 +154,19 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
   }
 }
 
-// The consumers' share of one tile (each warpgroup 64 rows; thread = index among all consumer threads):
-// the mainloop, then O and the LSE through shared memory. The pipeline states carry over between tiles.
+// One consumer warpgroup's share of a tile, its 64 query rows (thread: index among all consumer threads):
+// the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
+// ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
+// than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
 template <class Traits>
 __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStorage& smem, const SeqlenInfo& seq,
-                                 const BlockRange& blocks, int bidb, int bidh, int m_block, int thread,
+                                 const BlockRange& tile_blocks, int bidb, int bidh, int m_block, int thread,
                                  PipelineState& k_state, PipelineState& v_state, uint32_t q_phase) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kGroups = Traits::kConsumerWarpgroups;
+  const int warpgroup = __shfl_sync(0xffffffff, thread / 128, 0);  // warp-uniform: a uniform register
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
@@ -139,7 +177,7 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
   typename Traits::TiledMmaO mma_o;
   auto thr_s = mma_s.get_thread_slice(thread);
   auto thr_o = mma_o.get_thread_slice(thread);
-  Tensor tSrQ = thr_s.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) descriptors
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) descriptors of this warpgroup's slab
   Tensor tSrK = thr_s.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
   Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
   Tensor acc_o = partition_fragment_C(mma_o, typename Traits::TileQ{});  // ((2, 2, D / 8), MMA_M, MMA_D)
@@ -172,9 +210,8 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
     state.template advance<Traits::kStages>();
   };
   // Ping-pong: a warpgroup issues its GEMMs only between its turn's start (the previous warpgroup's arrival
-  // on its barrier) and its own arrival on the next one's. Warpgroup 0 goes first.
-  constexpr int kGroups = Traits::kConsumerWarpgroups;
-  const int warpgroup = thread / 128;
+  // on its barrier) and its own arrival on the next one's; the chain runs on from tile to tile. Every
+  // warpgroup takes (tile blocks + 1) turns per tile, empty ones for blocks it passes by.
   auto turn_begin = [&] {
     if constexpr (Traits::kPingPong) named_barrier_sync(256, int(Barrier::kWarpgroup0) + warpgroup);
   };
@@ -199,36 +236,50 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
     softmax.rescale(O, correction);
     convert_fragment_into(acc_s, rP);
   };
+  auto release_q = [&] {
+    if (release_thread) barrier_arrive(&smem.q_empty[warpgroup]);
+  };
 
-  int n_block = blocks.n_max - 1;
-  if (Traits::kPingPong && warpgroup == kGroups - 1) named_barrier_arrive(256, int(Barrier::kWarpgroup0));
-  barrier_wait(&smem.q_full, q_phase);
-  turn_begin();
-  issue_qk();
-  turn_end();
-  warpgroup_wait<0>();
-  release(smem.k_empty, k_state);
-  if (n_block >= blocks.n_masked_min) {
-    softmax_step(n_block, true_type{});
-  } else {
-    softmax_step(n_block, false_type{});
+  // The blocks this warpgroup skips come first (the producer released their stages for it).
+  const BlockRange blocks = warpgroup_block_range<Traits>(seq, tile_blocks, m_block, warpgroup, p.causal);
+  const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
+  k_state.template advance<Traits::kStages>(skipped);
+  v_state.template advance<Traits::kStages>(skipped);
+  #pragma unroll 1
+  for (int i = 0; i < skipped + (own == 0); ++i) { turn_begin(); turn_end(); }
+  barrier_wait(&smem.q_full[warpgroup], q_phase);
+  if (own > 0) {
+    int n_block = blocks.n_max - 1;
+    turn_begin();
+    issue_qk();
+    turn_end();
+    warpgroup_wait<0>();
+    release(smem.k_empty, k_state);
+    if (n_block >= blocks.n_masked_min) {
+      softmax_step(n_block, true_type{});
+    } else {
+      softmax_step(n_block, false_type{});
+    }
+    convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
+    for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
+    for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+    if (Traits::kSeparateO) release_q();  // the last S = Q K^T is done: the next tile's Q may load
+    turn_begin();
+    issue_pv();
+    turn_end();
+    warpgroup_wait<0>();
+    release(smem.v_empty, v_state);
+  } else if (Traits::kSeparateO) {
+    release_q();
   }
-  convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
-  for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
-  for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
-  turn_begin();
-  issue_pv();
-  if (warpgroup != kGroups - 1) turn_end();  // the last turn: warpgroup 0 waits for none
-  warpgroup_wait<0>();
-  release(smem.v_empty, v_state);
-  if (Traits::kSeparateO && release_thread) barrier_arrive(&smem.q_empty);  // the next tile's Q may load
 
-  // Epilogue: normalize, stage O through shared memory (once every warpgroup is done with Q, or with the
-  // previous tile's O) for 16-byte row stores, write the LSE.
+  // Epilogue: normalize (rows that saw no key get O = 0, LSE = -inf), stage this warpgroup's O rows
+  // through shared memory for 16-byte row stores, write the LSE.
   float row_lse[kRows];
   softmax.finalize(O, row_lse);
   Tensor rO = convert_fragment<Element>(acc_o);
-  named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));
+  const int epilogue_barrier = int(Barrier::kEpilogue0) + warpgroup;
+  named_barrier_sync(128, epilogue_barrier);  // the slab's previous reads (Q, or the last tile's O) are done
   auto smem_copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, mma_o);
   auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
   cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
@@ -242,19 +293,19 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
       if (row < rows_left) lse[row] = row_lse[r];
     }
   }
-  named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));
+  named_barrier_sync(128, epilogue_barrier);
   Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
                  bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
   constexpr int kVecsPerRow = kHeadDim / 8;
-  for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
-    const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
+  for (int i = thread % 128; i < 64 * kVecsPerRow; i += 128) {
+    const int row = warpgroup * 64 + i / kVecsPerRow, col = i % kVecsPerRow * 8;
     if (row < rows_left && col < p.head_dim) {
       *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
     }
   }
   if constexpr (!Traits::kSeparateO) {
-    named_barrier_sync(Traits::kConsumerThreads, int(Barrier::kEpilogue));  // every thread is done reading sO
-    if (release_thread) barrier_arrive(&smem.q_empty);
+    named_barrier_sync(128, epilogue_barrier);  // every thread is done reading the slab
+    release_q();
   }
 }
 
@@ -270,8 +321,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
   const FwdParams& p = args.params;
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
   if (threadIdx.x == 0) {
-    barrier_init(&smem.q_full, 1);
-    barrier_init(&smem.q_empty, Traits::kConsumerWarpgroups);
+    CUTE_UNROLL
+    for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+      barrier_init(&smem.q_full[w], 1);
+      barrier_init(&smem.q_empty[w], 1);
+    }
     CUTE_UNROLL
     for (int s = 0; s < Traits::kStages; ++s) {
       barrier_init(&smem.k_full[s], 1);
@@ -318,6 +372,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     const int thread = int(threadIdx.x) - 128;
     PipelineState k_state, v_state;
     uint32_t q_phase = 0;
+    if (Traits::kPingPong && warpgroup == Traits::kConsumerWarpgroups) {  // the last one: warpgroup 0 goes first
+      named_barrier_arrive(256, int(Barrier::kWarpgroup0));
+    }
     for_each_slot([&](int slot) {
       const QueryTile tile = tile_at(slot);
       if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots

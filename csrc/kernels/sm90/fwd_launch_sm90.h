@@ -41,8 +41,8 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   FwdArgsSm90<Traits> args{
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(p.q, shape_q, p.q_row_stride, p.q_head_stride,
-                                                    p.q_batch_stride, typename Traits::SmemLayoutQ{},
-                                                    typename Traits::TileQ{}),
+                                                    p.q_batch_stride, typename Traits::SmemLayoutQWarpgroup{},
+                                                    typename Traits::TileQWarpgroup{}),
       sm90::make_tma<Traits, typename Traits::TmaKV>(p.k, shape_k, p.k_row_stride, p.k_head_stride,
                                                      p.k_batch_stride,
                                                      cute::take<0, 2>(typename Traits::SmemLayoutKV{}),

@@ -30,11 +30,13 @@ struct FwdTraitsSm90 {
   static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  static_assert(kConsumerWarpgroups <= 3, "named barrier ids: two per consumer warpgroup");
   // The consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the others': +5-10%
   // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128 as in FA3 (not measured here).
   static constexpr bool kPingPong = kConsumerWarpgroups >= 2 && kHeadDim <= 128;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileQWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;  // one consumer warpgroup's rows
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;
   // One 64-row wgmma atom per consumer warpgroup, stacked along M.
@@ -54,6 +56,12 @@ struct FwdTraitsSm90 {
   using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
                                       cute::GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
+  // One consumer warpgroup's 64 rows of Q (at offset 64 * warpgroup rows): each has its own TMA load and
+  // barriers, so a warpgroup's next Q loads as soon as it is done with its last S = Q K^T. Each 64-column
+  // atom's rows stay contiguous, so a slab is D / 64 TMA boxes (rows-outermost would make it 8-row boxes:
+  // 4x the copies, which cost d 256 a third of its speed).
+  using SmemLayoutQWarpgroup = decltype(cute::composition(
+      SmemLayoutQ{}, cute::Layout<TileQWarpgroup, cute::Stride<cute::_1, cute::Int<kBlockM>>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
   using SmemLayoutVt = decltype(cute::composition(
@@ -63,10 +71,11 @@ struct FwdTraitsSm90 {
   // TMA descriptors over (rows, head_dim, heads, batch) views; varlen uses batch 1 and row offsets.
   using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
   using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQ{}, TileQ{}, cute::_1{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutQWarpgroup{},
+                                            TileQWarpgroup{}, cute::_1{}));
   using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
                                              cute::take<0, 2>(SmemLayoutKV{}), TileKV{}, cute::_1{}));
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kQBytes = 64 * kHeadDim * sizeof(Element);  // one warpgroup's slab
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
   // A persistent grid walks the tiles (the next tile's loads overlap this one's epilogue). Above head dim
@@ -82,7 +91,8 @@ struct FwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, kSeparateO ? cute::cosize_v<SmemLayoutQ> : 8, 1024> o;
-    uint64_t q_full, q_empty;  // Q landed; Q (and O staged over it) no longer read by the consumers
+    // Per consumer warpgroup: its Q slab landed; the slab (and O staged over it) no longer read.
+    uint64_t q_full[kConsumerWarpgroups], q_empty[kConsumerWarpgroups];
     uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
