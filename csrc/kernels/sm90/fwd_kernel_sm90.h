@@ -159,10 +159,12 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
 template <class Traits>
-__device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStorage& smem, const SeqlenInfo& seq,
-                                 const BlockRange& tile_blocks, int bidb, int bidh, int m_block, int thread,
-                                 PipelineState& k_state, PipelineState& v_state, uint32_t q_phase) {
+__device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                                 const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
+                                 int m_block, int thread, PipelineState& k_state, PipelineState& v_state,
+                                 uint32_t q_phase) {
   using namespace cute;
+  const FwdParams& p = args.params;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kGroups = Traits::kConsumerWarpgroups;
@@ -273,13 +275,17 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
     release_q();
   }
 
-  // Epilogue: normalize (rows that saw no key get O = 0, LSE = -inf), stage this warpgroup's O rows
-  // through shared memory for 16-byte row stores, write the LSE.
+  // Epilogue: normalize (rows that saw no key get O = 0, LSE = -inf), stage this warpgroup's O rows in
+  // its shared-memory slab, write the LSE, then one TMA store of the slab (fixed length: TMA clips the
+  // rows past the sequence) or 16-byte row stores (varlen: rows past a sequence belong to the next one).
+  // The TMA store runs on while the warpgroup starts its next tile.
+  const bool tma_store = p.cu_seqlens_q == nullptr;
   float row_lse[kRows];
   softmax.finalize(O, row_lse);
   Tensor rO = convert_fragment<Element>(acc_o);
   const int epilogue_barrier = int(Barrier::kEpilogue0) + warpgroup;
-  named_barrier_sync(128, epilogue_barrier);  // the slab's previous reads (Q, or the last tile's O) are done
+  if (release_thread) tma_store_wait<0>();  // the last tile's store has read the slab
+  named_barrier_sync(128, epilogue_barrier);  // and so have the row stores, and this tile's S = Q K^T
   auto smem_copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, mma_o);
   auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
   cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
@@ -293,18 +299,35 @@ __device__ void fwd_consume_tile(const FwdParams& p, typename Traits::SharedStor
       if (row < rows_left) lse[row] = row_lse[r];
     }
   }
-  named_barrier_sync(128, epilogue_barrier);
-  Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
-                 bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
-  constexpr int kVecsPerRow = kHeadDim / 8;
-  for (int i = thread % 128; i < 64 * kVecsPerRow; i += 128) {
-    const int row = warpgroup * 64 + i / kVecsPerRow, col = i % kVecsPerRow * 8;
-    if (row < rows_left && col < p.head_dim) {
-      *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
+  if (tma_store) {
+    cutlass::arch::fence_view_async_shared();  // the slab's writes, visible to the TMA unit
+    named_barrier_sync(128, epilogue_barrier);
+    if (release_thread) {
+      Tensor mO = args.tma_o.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch) coordinates
+      Tensor gO = local_tile(mO(_, _, bidh, bidb), typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, m)
+      Tensor sO_slabs = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
+      auto tO = tma_partition(args.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO_slabs), group_modes<0, 2>(gO));
+      copy(args.tma_o, get<1>(tO)(_, warpgroup), get<0>(tO)(_, m_block * kGroups + warpgroup));
+      tma_store_arrive();
+    }
+  } else {
+    named_barrier_sync(128, epilogue_barrier);
+    Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
+                   bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
+    constexpr int kVecsPerRow = kHeadDim / 8;
+    for (int i = thread % 128; i < 64 * kVecsPerRow; i += 128) {
+      const int row = warpgroup * 64 + i / kVecsPerRow, col = i % kVecsPerRow * 8;
+      if (row < rows_left && col < p.head_dim) {
+        *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
+      }
     }
   }
-  if constexpr (!Traits::kSeparateO) {
-    named_barrier_sync(128, epilogue_barrier);  // every thread is done reading the slab
+  if constexpr (!Traits::kSeparateO) {  // the slab is Q's: free once read
+    if (tma_store) {
+      if (release_thread) tma_store_wait<0>();
+    } else {
+      named_barrier_sync(128, epilogue_barrier);
+    }
     release_q();
   }
 }
@@ -391,9 +414,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
         fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
         return;
       }
-      fwd_consume_tile<Traits>(p, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
+      fwd_consume_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
       q_phase ^= 1;
     });
+    if (thread % 128 == 0) cute::tma_store_wait<0>();  // shared memory must outlive the last O store's reads
   }
 #endif
 }

@@ -15,15 +15,15 @@ namespace sm90 {
 // A TMA descriptor over one of q / k / v as (rows, head_dim, heads, batch). Varlen tensors are one packed
 // batch entry (sequences are row offsets); a stride that the view never steps along is set to the row
 // stride, since TMA wants every stride a nonzero multiple of 16 bytes.
-template <class Traits, class Tma, class SmemLayout, class TileShape>
-Tma make_tma(const void* ptr, cute::Shape<int, int, int, int> shape, int64_t row_stride, int64_t head_stride,
-             int64_t batch_stride, SmemLayout smem, TileShape tile) {
+template <class Traits, class Tma, class CopyOp, class SmemLayout, class TileShape>
+Tma make_tma(CopyOp op, const void* ptr, cute::Shape<int, int, int, int> shape, int64_t row_stride,
+             int64_t head_stride, int64_t batch_stride, SmemLayout smem, TileShape tile) {
   using namespace cute;
   using Element = typename Traits::Element;
   auto layout = make_layout(shape, make_stride(row_stride, _1{}, get<2>(shape) > 1 ? head_stride : row_stride,
                                                get<3>(shape) > 1 ? batch_stride : row_stride));
   Tensor t = make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), layout);
-  return make_tma_copy(SM90_TMA_LOAD{}, t, smem, tile, _1{});
+  return make_tma_copy(op, t, smem, tile, _1{});
 }
 
 }  // namespace sm90
@@ -38,19 +38,20 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
   sm90::tma_encode_failed = false;
+  using cute::SM90_TMA_LOAD, cute::SM90_TMA_STORE;
+  const auto smem_kv = cute::take<0, 2>(typename Traits::SmemLayoutKV{});
   FwdArgsSm90<Traits> args{
       p,
-      sm90::make_tma<Traits, typename Traits::TmaQ>(p.q, shape_q, p.q_row_stride, p.q_head_stride,
+      sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.q, shape_q, p.q_row_stride, p.q_head_stride,
                                                     p.q_batch_stride, typename Traits::SmemLayoutQWarpgroup{},
                                                     typename Traits::TileQWarpgroup{}),
-      sm90::make_tma<Traits, typename Traits::TmaKV>(p.k, shape_k, p.k_row_stride, p.k_head_stride,
-                                                     p.k_batch_stride,
-                                                     cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
-                                                     typename Traits::TileKV{}),
-      sm90::make_tma<Traits, typename Traits::TmaKV>(p.v, shape_k, p.v_row_stride, p.v_head_stride,
-                                                     p.v_batch_stride,
-                                                     cute::take<0, 2>(typename Traits::SmemLayoutKV{}),
-                                                     typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.k, shape_k, p.k_row_stride, p.k_head_stride,
+                                                     p.k_batch_stride, smem_kv, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
+                                                     p.v_batch_stride, smem_kv, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaO>(SM90_TMA_STORE{}, p.out, shape_q, p.o_row_stride, p.o_head_stride,
+                                                    p.o_batch_stride, typename Traits::SmemLayoutQWarpgroup{},
+                                                    typename Traits::TileQWarpgroup{}),
       false,
       {},
   };

@@ -75,6 +75,9 @@ struct FwdTraitsSm90 {
                                             TileQWarpgroup{}, cute::_1{}));
   using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
                                              cute::take<0, 2>(SmemLayoutKV{}), TileKV{}, cute::_1{}));
+  // O leaves per warpgroup slab too: staged in shared memory, stored by TMA (fixed-length batches).
+  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQWarpgroup{},
+                                            TileQWarpgroup{}, cute::_1{}));
   static constexpr uint32_t kQBytes = 64 * kHeadDim * sizeof(Element);  // one warpgroup's slab
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
@@ -103,6 +106,7 @@ struct FwdArgsSm90 {
   FwdParams params;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaKV tma_k, tma_v;
+  typename Traits::TmaO tma_o;  // fixed length only: varlen rows past a sequence belong to the next one
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder causal_tiles;
 };
