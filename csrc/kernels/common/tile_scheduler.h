@@ -91,13 +91,14 @@ struct QueryTileScheduler {
   }
 };
 
-// Fixed-length causal tiles for a persistent grid that walks slots round-robin: tile work falls with the
-// query block, so the slots go longest first (every head's last query block, then the next-to-last, ...),
-// which keeps the blocks' shares even. To keep K/V in L2, the (batch, head) pairs are cut into sections
-// of `section_heads` that run one after the other, longest first within each; the direction alternates
-// from round to round.
+// Fixed-length causal tiles for a persistent grid: tile work falls with the query block, so the slots go
+// longest first (every head's last query block, then the next-to-last, ...). To keep K/V in L2, the
+// (batch, head) pairs are cut into sections of `section_heads` that run one after the other, longest first
+// within each; the direction alternates from round to round.
 struct CausalTileOrder {
   int num_m_blocks, section_heads;
+
+  __host__ __device__ int section_slots() const { return section_heads * num_m_blocks; }
 
   __device__ QueryTile get(const FwdParams& p, int slot) const {
     const int pairs = p.batch * p.num_heads;

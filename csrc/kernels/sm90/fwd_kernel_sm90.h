@@ -361,11 +361,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
   __syncthreads();
 
   // Producer and consumers walk the same slots and skip the same empty ones, so the barrier phases agree.
+  // A persistent block walks each section of slots (causal_tiles' L2-sized sections, else all slots) in a
+  // zig-zag: block, 2 grid - 1 - block, 2 grid + block, ... Causal slots are sorted longest first, so a
+  // long tile pairs with a short one and the blocks leave each section together (round-robin gave block 0
+  // the longest tile of every round).
   const int num_slots = int(Scheduler::num_blocks(p));
   auto tile_at = [&](int slot) { return args.causal_order ? args.causal_tiles.get(p, slot) : Scheduler::get(p, slot); };
   auto for_each_slot = [&](auto&& fn) {
     if constexpr (Traits::kPersistent) {
-      for (int slot = blockIdx.x; slot < num_slots; slot += gridDim.x) fn(slot);
+      const int grid = int(gridDim.x), block = int(blockIdx.x);
+      const int per_section = args.causal_order ? args.causal_tiles.section_slots() : num_slots;
+      for (int first = 0; first < num_slots; first += per_section) {
+        const int size = min(per_section, num_slots - first);
+        for (int k = 0;; ++k) {
+          const int j = k * grid + (k % 2 == 0 ? block : grid - 1 - block);
+          if (j >= size) break;
+          fn(first + j);
+        }
+      }
     } else if (int(blockIdx.x) < num_slots) {
       fn(int(blockIdx.x));
     }

@@ -56,13 +56,13 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
       {},
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
-  // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking
-  // slots blockIdx.x + k * gridDim.x; causal tiles longest first in L2-sized sections of heads
+  // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking the
+  // slots in a zig-zag (fwd_kernel_sm90.h); causal tiles longest first in L2-sized sections of heads
   // (CausalTileOrder). Varlen: one block per slot, which the hardware hands out as SMs free up (tiles
-  // differ in work with the sequences). Causal: the walk won at seqlen_q <= 2k (d 128: 234 vs 206 TFLOP/s
-  // at 512, 479 vs 464 at 2k) and lost above (530 vs 580 at 4k, 551 vs 611 at 16k), where one block per
-  // slot keeps each head's tiles together.
-  const bool persistent = Traits::kPersistent && !varlen && !(p.causal && p.seqlen_q > 2048);
+  // differ in work with the sequences). Causal above 8k keeps one block per slot too: measured against it
+  // (H100, bf16, d 128), the zig-zag walk won at 1k-8k (2k 469 -> 563, 4k 598 -> 657, 8k 663 -> 705
+  // TFLOP/s); 16k was not measured with it (one block per slot: 721).
+  const bool persistent = Traits::kPersistent && !varlen && !(p.causal && p.seqlen_q > 8192);
   int grid = int(num_blocks);
   if (persistent) {
     int device = 0, num_sms = 0;
