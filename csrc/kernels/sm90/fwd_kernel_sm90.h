@@ -1,10 +1,11 @@
 // FlashAttention forward on Hopper (sm_90a): TMA loads, warpgroup MMA (wgmma), warp specialization.
 //
-// Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile and of K[n], V[n] into a
-// kStages-deep ring of shared-memory buffers guarded by mbarriers. Each further warpgroup is a consumer
-// owning 64 query rows: S = Q K^T (both operands in shared memory) -> mask -> online softmax -> O += P V
-// (P from registers, V read transposed through the wgmma descriptor), the next block's S issued before
-// this block's P V so the softmax runs under it, the warpgroups taking turns at the tensor cores. A
+// Warpgroup 0 is the producer: one thread issues TMA copies of each consumer's Q slab and of K[n], V[n]
+// into a kStages-deep ring of shared-memory buffers guarded by mbarriers. Each further warpgroup is a
+// consumer owning 64 query rows: S = Q K^T (both operands in shared memory) -> mask -> online softmax ->
+// O += P V (P from registers, V read transposed through the wgmma descriptor), the next block's S issued
+// before this block's P V, the warpgroups taking turns at the tensor cores. A consumer visits only the key
+// blocks its rows see, and frees its Q slab and stores its O rows (TMA for fixed length) on its own. A
 // persistent grid walks the tiles where Traits::kPersistent. Block ranges, masks, softmax, sequence
 // lengths and the tile scheduler are the SM80 kernel's.
 #pragma once
@@ -53,8 +54,8 @@ __device__ BlockRange warpgroup_block_range(const SeqlenInfo& seq, const BlockRa
   return blocks;
 }
 
-// Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), Q once the consumers
-// are done with the previous tile's Q and O, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
+// Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), each warpgroup's Q slab
+// once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
 // `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
 // (they skip it). The pipeline states carry over from tile to tile.
 template <class Traits>
