@@ -1,0 +1,21 @@
+#!/bin/bash
+# Full default build, the whole GPU test suite, compute-sanitizer on small forward calls, the FA2 grid forward
+# (flash_attn2, sdpa_cudnn) and the model shapes (with sdpa_flash and torch varlen_attn); logs under $OUT.
+set -uo pipefail
+export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/summary.txt
+rm -f flash_attn2_cuda*.so
+python3 -m pip install -q --no-deps .whl/*.whl
+s=$(date +%s); python3 -m pip install --no-build-isolation -v . > $OUT/build.log 2>&1; rc=$?
+echo "build rc=$rc in $(( $(date +%s) - s )) s" | tee -a $OUT/summary.txt
+grep "spill stores" $OUT/build.log | grep -v " 0 bytes spill" | grep fwd_kernel_sm90 | tee -a $OUT/summary.txt
+[ $rc -eq 0 ] || { tail -30 $OUT/build.log; exit 1; }
+timeout 240 python3 -m pytest tests -q -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
+grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
+for tool in memcheck racecheck; do
+  PYTHONPATH= timeout 100 compute-sanitizer --tool $tool python3 benchmarks/dev/sanitize_fwd.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -2 | tee -a $OUT/summary.txt
+done
+cd /tmp
+timeout 230 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn --passes fwd --reps 30 --out-dir $OUT 2>&1 > $OUT/bench.log; tail -4 $OUT/bench.log
+timeout 120 python3 -m flash_attn2.benchmark_models --impls flash_attn2 sdpa_cudnn sdpa_flash torch_varlen --passes fwd fwd_train --out-dir $OUT > $OUT/models.log 2>&1; tail -8 $OUT/models.log
