@@ -165,6 +165,14 @@ std::string fwd_params_problem(const FwdParams& p) {
   return "";
 }
 
+// cudaErrorNotSupported with what is missing; the torch op raises it as NotImplementedError.
+cudaError_t no_kernel(const FwdParams& p, const char* direction) {
+  return fail(cudaErrorNotSupported, std::string("no ") + direction + " kernel was compiled for head_dim " +
+                                         std::to_string(p.head_dim) + " and " +
+                                         (p.dtype == DType::kBFloat16 ? "bf16" : "fp16") +
+                                         "; rebuild with FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES covering it");
+}
+
 }  // namespace
 
 const char* last_error_message() { return last_error.c_str(); }
@@ -190,7 +198,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
-  if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
+  if (bucket == 0) return no_kernel(p, "forward");
   cudaError_t err = cudaSuccess;
   const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
   if (fwd == nullptr) return err;
@@ -227,7 +235,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
-  if (bucket == 0) return fail(cudaErrorNotSupported, "no kernel was compiled for this head_dim and dtype");
+  if (bucket == 0) return no_kernel(p, "backward");
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
   if (cudaError_t err = kernels(bucket, p.dtype).bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;

@@ -177,3 +177,20 @@ def test_forward_backend_knob(monkeypatch):
             assert backend == "sm80" and sm90_served and "FLASH_ATTN2_SM80_FWD=1" in str(e)
             continue
         torch.testing.assert_close(out, default, atol=2e-2, rtol=0)
+
+
+@pytest.mark.gpu
+def test_head_dim_not_compiled():
+    """A head dim whose bucket this build left out raises NotImplementedError naming it and the knob that
+    adds it (the library's message, for forward and backward alike)."""
+    from flash_attn2._build_config import HEAD_DIMS
+    missing = [(d, t) for t in (torch.bfloat16, torch.float16) for d in HEAD_DIMS  # no bucket >= d compiled
+               if all(c < d for c in flash_attn2.compiled_head_dims(t))]
+    if not missing:
+        pytest.skip("every head-dim bucket is compiled (a reduced FLASH_ATTN2_HEAD_DIMS build exercises this)")
+    head_dim, dtype = missing[0]
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    q, k, v = (torch.randn(1, 8, 2, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    with pytest.raises(NotImplementedError, match=f"no forward kernel was compiled for head_dim {head_dim} and {name}; "
+                                                  "rebuild with FLASH_ATTN2_HEAD_DIMS"):
+        flash_attn2.flash_attn_func(q, k, v)

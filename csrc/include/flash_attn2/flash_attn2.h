@@ -98,8 +98,9 @@ int64_t bwd_dq_accum_elems(const BwdParams& params);
 int fwd_head_dim_bucket(int head_dim, DType dtype);
 
 // Enqueues the forward pass on stream. Returns cudaErrorNotSupported when no kernel was compiled for
-// (head_dim, dtype), cudaErrorInvalidValue for params that are inconsistent or from another header
-// version, else the launch's error; last_error_message() says which.
+// (head_dim, dtype) or for the forward path FLASH_ATTN2_BACKEND insists on, cudaErrorInvalidValue for
+// params that are inconsistent or from another header version (or a bad FLASH_ATTN2_BACKEND), else the
+// launch's error; last_error_message() says which.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
 // Enqueues the backward pass (three kernels) on stream; softmax_d and dq_accum must point to workspace
