@@ -45,3 +45,8 @@ def test_grid_summary_against_each_backend():
     assert "flash_attn2 / sdpa_cudnn over 2 points" in cudnn and f"geomean {math.sqrt(0.75 * 1.2):.3f}" in cudnn
     assert "min 0.750 at bf16 hdim=128 causal=False seqlen=512" in cudnn
     assert "flash_attn2 / sdpa_flash over 1 points: geomean 1.500" in flash
+
+
+def test_warm_up_is_opt_out():
+    assert benchmark.parse_args([]).warmup_s == 3.0 and benchmark.parse_args(["--warmup-s", "0"]).warmup_s == 0
+    benchmark.warm_up_gpu(0)  # no GPU work (and no GPU needed) when turned off
