@@ -66,19 +66,23 @@ def check(out, lse, q, k, v, causal, scale=None):
     assert lse_err <= LSE_ATOL, f"lse error {lse_err:.3e}"
 
 
+def check_dense_forward(batch, seqlen_q, seqlen_k, heads, group, head_dim, causal, dtype):
+    """Fresh inputs, NaN-poisoned out and LSE, the forward op, then out and LSE against the reference."""
+    require_kernel(head_dim, dtype)
+    q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, group, head_dim, dtype)
+    out = poisoned(q.shape, dtype)
+    lse = poisoned((batch, heads, seqlen_q), torch.float32)
+    out, lse = _flash_attn_forward(q, k, v, None, None, seqlen_q, seqlen_k, head_dim**-0.5, causal, out, lse)
+    check(out, lse, q, k, v, causal)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 2, 8])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS)
 def test_fwd(seqlen_q, seqlen_k, group, causal, head_dim, dtype):
-    require_kernel(head_dim, dtype)
-    batch, heads = 2, 8
-    q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, group, head_dim, dtype)
-    out = poisoned(q.shape, dtype)
-    lse = poisoned((batch, heads, seqlen_q), torch.float32)
-    out, lse = _flash_attn_forward(q, k, v, None, None, seqlen_q, seqlen_k, head_dim**-0.5, causal, out, lse)
-    check(out, lse, q, k, v, causal)
+    check_dense_forward(2, seqlen_q, seqlen_k, 8, group, head_dim, causal, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -164,13 +168,7 @@ def test_padding_roundtrip_through_varlen():
 def test_many_tiles_per_block(seqlen_q, seqlen_k, causal, head_dim, dtype):
     """More tiles than SMs, so a persistent grid walks several per block (pipeline phases, the warpgroups'
     turns and the causal order carried from tile to tile); causal rows that see no key when sk < sq."""
-    require_kernel(head_dim, dtype)
-    batch, heads, group = 3, 48, 4
-    q, k, v = dense_inputs(batch, seqlen_q, seqlen_k, heads, group, head_dim, dtype)
-    out = poisoned(q.shape, dtype)
-    lse = poisoned((batch, heads, seqlen_q), torch.float32)
-    out, lse = _flash_attn_forward(q, k, v, None, None, seqlen_q, seqlen_k, head_dim**-0.5, causal, out, lse)
-    check(out, lse, q, k, v, causal)
+    check_dense_forward(3, seqlen_q, seqlen_k, 48, 4, head_dim, causal, dtype)
 
 
 def test_repeatable():
