@@ -236,10 +236,15 @@ def parse_args(argv=None):
     p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     p.add_argument("--passes", nargs="+", default=list(PASSES), choices=list(PASSES))
-    p.add_argument("--reps", type=int, default=50)
+    add_run_args(p, reps=50)
+    return p.parse_args(argv)
+
+
+def add_run_args(p, reps):
+    """The options both suites share: timed runs per point, warm-up, where results go."""
+    p.add_argument("--reps", type=int, default=reps)
     p.add_argument("--warmup-s", type=float, default=3.0, help="seconds of matmuls before the first timing")
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
-    return p.parse_args(argv)
 
 
 def main(argv=None):

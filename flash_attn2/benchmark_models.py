@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, forward_backend, median_ms, save, warm_up_gpu
+from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, median_ms, save,
+                        warm_up_gpu)
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
 # name: (query heads, key/value heads, head dim)
@@ -207,9 +207,7 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=TOKENS)
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     p.add_argument("--passes", nargs="+", default=["fwd", "fwd_train"], choices=list(PASSES))
-    p.add_argument("--reps", type=int, default=30)
-    p.add_argument("--warmup-s", type=float, default=3.0, help="seconds of matmuls before the first timing")
-    p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    add_run_args(p, reps=30)
     args = p.parse_args(argv)
     warm_up_gpu(args.warmup_s)
     rows = run_models(args.models, args.seqlens, args.tokens, args.impls, args.passes, args.reps)
