@@ -2,7 +2,8 @@
 
 Writes <out_dir>/<gpu>.csv (gpu,impl,dtype,hdim,causal,seqlen,batch,nheads,pass,ms,tflops) and a PNG plot
 beside it, and prints the geometric-mean and minimum speed ratio of flash_attn2 to each SDPA backend measured
-(sdpa_cudnn, the bar on Hopper, and sdpa_flash) per pass.
+(sdpa_cudnn, the bar on Hopper, and sdpa_flash) per pass. At every point the implementations are timed in
+rounds, their order rotated (CUDA events; the median run of a round, the median round).
 """
 
 from __future__ import annotations
@@ -78,6 +79,21 @@ def median_ms(fn, warmup=5, reps=30):
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+def time_interleaved(runs, reps, rounds=3):
+    """{name: ms} for {name: run}: every run timed in `rounds` rounds (median_ms of `reps` runs each), the
+    order rotated from round to round, keeping each one's median round. The SM clock follows the power
+    draw for a second or so after a heavy load: on an H100 after 3 s of matmuls at its 700 W cap, whichever
+    implementation ran first measured 15-40% slower than when rested (benchmarks/TUNING.md step 24), so a
+    fixed order would charge one side."""
+    names = list(runs)
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        shift = r % len(names) if names else 0
+        for name in names[shift:] + names[:shift]:
+            times[name].append(median_ms(runs[name], reps=reps))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 @contextlib.contextmanager
 def forward_backend(name):
     """FLASH_ATTN2_BACKEND=name (None: the default) for the calls inside."""
@@ -125,7 +141,7 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, log=print):
+def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3, log=print):
     gpu = torch.cuda.get_device_name()
     rows = []
     for dtype_name in dtypes:
@@ -138,14 +154,16 @@ def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, log=print
                                                  requires_grad=grad and i < 3) for i in range(4))
                     line = []
                     for pass_ in passes:
+                        runs = {}
                         for impl in impls:
                             try:
-                                ms = median_ms(pass_fn(make_fn(impl, q, k, v, causal), pass_, (q, k, v), dout),
-                                               reps=reps)
+                                runs[impl] = pass_fn(make_fn(impl, q, k, v, causal), pass_, (q, k, v), dout)
+                                runs[impl]()
                             except RuntimeError as e:  # a backend that does not support this shape
+                                runs.pop(impl, None)
                                 log(f"  {impl} {pass_} skipped at {dtype_name} d={hdim} causal={causal} s={seqlen}: "
                                     f"{str(e).splitlines()[0][:120]}")
-                                continue
+                        for impl, ms in time_interleaved(runs, reps, rounds).items():
                             tflops = flops(batch, nheads, seqlen, hdim, causal, pass_) / ms / 1e9
                             rows.append(dict(gpu=gpu, impl=impl, dtype=dtype_name, hdim=hdim, causal=causal,
                                              seqlen=seqlen, batch=batch, nheads=nheads, **{"pass": pass_},
@@ -236,13 +254,14 @@ def parse_args(argv=None):
     p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     p.add_argument("--passes", nargs="+", default=list(PASSES), choices=list(PASSES))
-    add_run_args(p, reps=50)
+    add_run_args(p, reps=20)
     return p.parse_args(argv)
 
 
 def add_run_args(p, reps):
     """The options both suites share: timed runs per point, warm-up, where results go."""
-    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--reps", type=int, default=reps, help="timed runs per implementation, point and round")
+    p.add_argument("--rounds", type=int, default=3, help="rounds per point, the implementations' order rotated")
     p.add_argument("--warmup-s", type=float, default=3.0, help="seconds of matmuls before the first timing")
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
 
@@ -251,7 +270,7 @@ def main(argv=None):
     args = parse_args(argv)
     warm_up_gpu(args.warmup_s)
     rows = run_grid(args.dtypes, args.hdims, args.seqlens, [c == "true" for c in args.causal], args.impls, args.passes,
-                    args.reps)
+                    args.reps, args.rounds)
     save(rows, args.out_dir, "", COLUMNS, plot)
     print(summary(rows))
     return rows

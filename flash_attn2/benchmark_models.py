@@ -7,7 +7,8 @@ lengths summing to `tokens`, as one varlen batch (PyTorch's own varlen attention
 SDPA gets (b, h, s, d) views of the same tensors and enable_gqa=True (a backend that rejects it runs on k/v
 repeated to q's heads beforehand, outside the timing; the log says so). `fwd` times the forward with grad
 disabled; `fwd_train` with grad enabled (SDPA's kernels then also write the LSE, as ours always do).
-Implementations alternate at every point, after warm-up runs, timed by CUDA events (median).
+At every point the implementations are timed in rounds, their order rotated (CUDA events; the median run of
+a round, the median round).
 Writes <out_dir>/<gpu>_models.csv (the FA2 grid's columns plus shape and nheads_k) and a PNG plot.
 """
 
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, median_ms, save,
+from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, save, time_interleaved,
                         warm_up_gpu)
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
@@ -57,7 +58,8 @@ def causal_flops(lengths, nheads, hdim, pass_):
     return {"fwd": fwd, "fwd_train": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[pass_]
 
 
-def timed(fn, inputs, pass_, dout, reps):
+def make_run(fn, inputs, pass_, dout):
+    """What one timed run does for `pass_`."""
     if pass_ == "fwd":
         def run():
             with torch.no_grad():
@@ -71,7 +73,7 @@ def timed(fn, inputs, pass_, dout, reps):
     else:
         def run():
             torch.autograd.grad(fn(), inputs, dout)
-    return median_ms(run, reps=reps)
+    return run
 
 
 def dense_fn(impl, q, k, v, expand_kv=False):
@@ -110,7 +112,7 @@ def varlen_fn(impl, q, k, v, cu, max_len):
     return None
 
 
-def run_models(models, seqlens, tokens, impls, passes, reps, log=print):
+def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print):
     gpu = torch.cuda.get_device_name()
     dtype = torch.bfloat16
     rows = []
@@ -130,22 +132,23 @@ def run_models(models, seqlens, tokens, impls, passes, reps, log=print):
             dout = torch.randn_like(q)
             line = []
             for pass_ in passes:
+                runs = {}
                 for impl in impls:
-                    ms = None
                     for expand_kv in (False, True):  # SDPA with enable_gqa, else on repeated k/v
                         made = varlen_fn(impl, q, k, v, cu, max(lengths)) if packed else dense_fn(impl, q, k, v, expand_kv)
                         if made is None:
                             break
                         try:
-                            ms = timed(*made, pass_, dout, reps)
+                            runs[impl] = make_run(*made, pass_, dout)
+                            runs[impl]()
                             break
                         except RuntimeError as e:  # a backend that does not take this shape
+                            runs.pop(impl, None)
                             log(f"  {impl} {pass_} {'(k/v repeated) ' if expand_kv else ''}skipped at {shape} "
                                 f"s={seqlen}: {str(e).splitlines()[0][:120]}")
                             if packed or impl not in SDPA_BACKENDS:
                                 break
-                    if ms is None:
-                        continue
+                for impl, ms in time_interleaved(runs, reps, rounds).items():
                     tflops = causal_flops(lengths, nheads, hdim, pass_) / ms / 1e9
                     rows.append(dict(gpu=gpu, impl=impl, shape=shape, dtype="bf16", hdim=hdim, causal=True,
                                      seqlen=seqlen, batch=batch, nheads=nheads, nheads_k=nheads_k, **{"pass": pass_},
@@ -207,10 +210,11 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=TOKENS)
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     p.add_argument("--passes", nargs="+", default=["fwd", "fwd_train"], choices=list(PASSES))
-    add_run_args(p, reps=30)
+    add_run_args(p, reps=15)
     args = p.parse_args(argv)
     warm_up_gpu(args.warmup_s)
-    rows = run_models(args.models, args.seqlens, args.tokens, args.impls, args.passes, args.reps)
+    rows = run_models(args.models, args.seqlens, args.tokens, args.impls, args.passes, args.reps,
+                      args.rounds)
     save(rows, args.out_dir, "_models", COLUMNS, plot)
     print(summary(rows))
     return rows

@@ -50,3 +50,11 @@ def test_grid_summary_against_each_backend():
 def test_warm_up_is_opt_out():
     assert benchmark.parse_args([]).warmup_s == 3.0 and benchmark.parse_args(["--warmup-s", "0"]).warmup_s == 0
     benchmark.warm_up_gpu(0)  # no GPU work (and no GPU needed) when turned off
+
+
+def test_rounds_rotate_the_order(monkeypatch):
+    # Each round starts with the next implementation; each keeps its median round.
+    calls, fake_ms = [], {"a": iter([1.0, 9.0, 2.0]), "b": iter([5.0, 4.0, 3.0])}
+    monkeypatch.setattr(benchmark, "median_ms", lambda run, reps: (calls.append(run()), next(fake_ms[calls[-1]]))[1])
+    ms = benchmark.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, reps=1, rounds=3)
+    assert calls == ["a", "b", "b", "a", "a", "b"] and ms == {"a": 2.0, "b": 4.0}

@@ -1,14 +1,21 @@
-# One forward point of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times it:
-#   python benchmarks/dev/time_fwd.py HEAD_DIM CAUSAL(0/1) SEQLEN
+# Forward points of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times them (rounds,
+# order rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs:
+#   python benchmarks/dev/time_fwd.py HEAD_DIM,CAUSAL(0/1),SEQLEN [...]
+import os
 import sys
 
 import torch
 
-from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HIDDEN, TOKENS, flops, median_ms
+from flash_attn2.benchmark import HIDDEN, TOKENS, flops, make_fn, time_interleaved, warm_up_gpu
 
-d, causal, s = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
-b, h = TOKENS // s, HIDDEN // d
-q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-ms = median_ms(lambda: flash_attn_func(q, k, v, causal=causal))
-print(f"d{d} causal={causal} s={s}: {ms:.3f} ms {flops(b, h, s, d, causal, 'fwd') / ms / 1e9:.1f} TFLOP/s")
+warm_up_gpu(2)
+impls = ["flash_attn2"] + (["sdpa_cudnn"] if os.environ.get("CUDNN") else [])
+for case in sys.argv[1:]:
+    d, causal, s = (int(x) for x in case.split(","))
+    b, h = TOKENS // s, HIDDEN // d
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    times = time_interleaved({impl: make_fn(impl, q, k, v, bool(causal)) for impl in impls}, reps=20)
+    for impl, ms in times.items():
+        tflops = flops(b, h, s, d, bool(causal), "fwd") / ms / 1e9
+        name = "" if impl == "flash_attn2" else f" {impl}"
+        print(f"d{d} causal={causal} s={s}{name}: {ms:.3f} ms {tflops:.1f} TFLOP/s", flush=True)
