@@ -3,6 +3,7 @@
 // out-variants the tests use to poison outputs. The Python layer (flash_attn2/flash_attn_interface.py)
 // validates arguments with user-facing errors; the checks here guard memory safety for direct callers.
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -273,6 +274,15 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal);
   const c10::cuda::CUDAGuard guard(q.device());
+  // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
+  // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
+  // (read on every call) keeps the fixed order, for tests and comparison.
+  Tensor tile_counter;
+  const char* order = std::getenv("FLASH_ATTN2_TILE_ORDER");
+  if (causal && !cu_seqlens_q && !(order != nullptr && std::string(order) == "static")) {
+    tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+    p.tile_counter = tile_counter.data_ptr<int>();
+  }
   check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
 }
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # A/B/... of the Hopper forward: each directory in $VARIANTS (default benchmarks/dev/old) holds a set of sm90
 # headers, built in turn as A, B, ...; the working tree is built last. bf16, head dims $D; timed interleaved
-# (CASES="d,causal,seqlen ..."); tests on the working tree; SAN=1 adds memcheck/racecheck.
+# (CASES="d,causal,seqlen ...", ROUNDS processes each, the order rotated); tests on the working tree; SAN=1
+# adds memcheck/racecheck.
 # The directories must lie in the working tree (untracked) to reach the device, e.g.
 #   mkdir -p benchmarks/dev/old && for f in fwd_kernel_sm90.h fwd_launch_sm90.h fwd_traits_sm90.h wgmma.h; do
 #     git show REF:csrc/kernels/sm90/$f > benchmarks/dev/old/$f; done
@@ -27,8 +28,9 @@ if [ -n "${SAN:-}" ]; then
     PYTHONPATH=/tmp/${names[-1]} timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/sanitize_fwd.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
   done
 fi
-for round in 1 2; do
-  for x in "${names[@]}"; do
+for round in $(seq 0 $(( ${ROUNDS:-2} - 1 ))); do  # the variants' order rotated from round to round
+  for i in "${!names[@]}"; do
+    x=${names[$(( (i + round) % ${#names[@]} ))]}
     PYTHONPATH=/tmp/$x python3 benchmarks/dev/time_fwd.py ${CASES:-128,0,2048} | sed "s/^/$x /"
   done
 done | sort -s -k2,4

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 2
+#define FLASH_ATTN2_PARAMS_VERSION 3
 
 namespace flash_attn2 {
 
@@ -60,6 +60,11 @@ struct FwdParams {
   // Causal mask aligned to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool causal;
   DType dtype;
+
+  // Optional: one int of device memory for the forward's own use while the call runs (run_fwd zeroes it on
+  // `stream` first). A causal forward on Hopper then hands query tiles to its persistent blocks as they
+  // free up, instead of in a fixed order: up to ~15% faster where tiles differ in work. nullptr: fixed order.
+  int* tile_counter = nullptr;
 };
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse (all fields of FwdParams, with

@@ -6,8 +6,9 @@
 // O += P V (P from registers, V read transposed through the wgmma descriptor), the next block's S issued
 // before this block's P V, the warpgroups taking turns at the tensor cores. A consumer visits only the key
 // blocks its rows see, and frees its Q slab and stores its O rows (TMA for fixed length) on its own. A
-// persistent grid walks the tiles where Traits::kPersistent. Block ranges, masks, softmax, sequence
-// lengths and the tile scheduler are the SM80 kernel's.
+// persistent grid walks the tiles where Traits::kPersistent, the producer handing each to the consumers
+// (sm90/scheduler_sm90.h: causal tiles go to blocks as they free up). Block ranges, masks, softmax,
+// sequence lengths and the slot-to-tile maps are the SM80 kernel's.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
@@ -23,6 +24,7 @@
 #include "common/softmax.h"
 #include "common/tile_scheduler.h"
 #include "common/utils.h"
+#include "sm90/scheduler_sm90.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2 {
@@ -357,33 +359,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       barrier_init(&smem.k_empty[s], Traits::kConsumerWarpgroups);
       barrier_init(&smem.v_empty[s], Traits::kConsumerWarpgroups);
     }
+    smem.slots.init();
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
 
-  // Producer and consumers walk the same slots and skip the same empty ones, so the barrier phases agree.
-  // A persistent block walks each section of slots (causal_tiles' L2-sized sections, else all slots) in a
-  // zig-zag: block, 2 grid - 1 - block, 2 grid + block, ... Causal slots are sorted longest first, so a
-  // long tile pairs with a short one and the blocks leave each section together (round-robin gave block 0
-  // the longest tile of every round).
+  // The producer walks the slots (SlotWalk) and hands each but the first (which the consumers know) to the
+  // consumers through smem.slots, then one past the last. Causal slots are sorted longest first.
   const int num_slots = int(Scheduler::num_blocks(p));
+  const SlotWalk first_walk{num_slots, args.causal_order ? args.causal_tiles.section_slots() : num_slots,
+                            int(gridDim.x), int(blockIdx.x), args.tile_counter};
   auto tile_at = [&](int slot) { return args.causal_order ? args.causal_tiles.get(p, slot) : Scheduler::get(p, slot); };
-  auto for_each_slot = [&](auto&& fn) {
-    if constexpr (Traits::kPersistent) {
-      const int grid = int(gridDim.x), block = int(blockIdx.x);
-      const int per_section = args.causal_order ? args.causal_tiles.section_slots() : num_slots;
-      for (int first = 0; first < num_slots; first += per_section) {
-        const int size = min(per_section, num_slots - first);
-        for (int k = 0;; ++k) {
-          const int j = k * grid + (k % 2 == 0 ? block : grid - 1 - block);
-          if (j >= size) break;
-          fn(first + j);
-        }
-      }
-    } else if (int(blockIdx.x) < num_slots) {
-      fn(int(blockIdx.x));
-    }
-  };
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (threadIdx.x / 32 != 0) return;
@@ -393,17 +379,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
     }
-    PipelineState state;
+    SlotWalk walk = first_walk;
+    PipelineState state, slot_state;
     uint32_t q_phase = 0;
-    for_each_slot([&](int slot) {
+    for (int slot = walk.first(); slot < num_slots;) {
+      const int claimed = walk.claim();
       const QueryTile tile = tile_at(slot);
-      if (!tile.valid) return;
-      const SeqlenInfo seq(p, tile.bidb);
-      const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
-      if (blocks.n_max <= blocks.n_min) return;
-      fwd_produce_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
-      q_phase ^= 1;
-    });
+      if (tile.valid) {
+        const SeqlenInfo seq(p, tile.bidb);
+        const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
+        if (blocks.n_max > blocks.n_min) {
+          fwd_produce_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
+          q_phase ^= 1;
+        }
+      }
+      slot = walk.next(claimed);
+      smem.slots.publish(slot, slot_state, leader);
+    }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int thread = int(threadIdx.x) - 128;
@@ -412,7 +404,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     if (Traits::kPingPong && warpgroup == Traits::kConsumerWarpgroups) {  // the last one: warpgroup 0 goes first
       named_barrier_arrive(256, int(Barrier::kWarpgroup0));
     }
-    for_each_slot([&](int slot) {
+    PipelineState slot_state;
+    SlotWalk walk = first_walk;
+    for (int slot = walk.first(); slot < num_slots; slot = smem.slots.receive(slot_state)) {
       const QueryTile tile = tile_at(slot);
       if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots
         const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
@@ -421,16 +415,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
                             int64_t(tile.rank) * Traits::kConsumerThreads + thread,
                             int64_t(tile.ranks) * Traits::kConsumerThreads);
       }
-      if (!tile.valid) return;
+      if (!tile.valid) continue;
       const SeqlenInfo seq(p, tile.bidb);
       const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(seq.len_q, seq.len_k, tile.m_block, p.causal);
       if (blocks.n_max <= blocks.n_min) {
         fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
-        return;
+        continue;
       }
       fwd_consume_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
       q_phase ^= 1;
-    });
+    }
     if (thread % 128 == 0) cute::tma_store_wait<0>();  // shared memory must outlive the last O store's reads
   }
 #endif

@@ -54,15 +54,15 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
                                                     typename Traits::TileQWarpgroup{}),
       false,
       {},
+      nullptr,
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking the
-  // slots in a zig-zag (fwd_kernel_sm90.h); causal tiles longest first in L2-sized sections of heads
-  // (CausalTileOrder). Varlen: one block per slot, which the hardware hands out as SMs free up (tiles
-  // differ in work with the sequences). Causal above 8k keeps one block per slot too: measured against it
-  // (H100, bf16, d 128), the zig-zag walk won at 1k-8k (2k 469 -> 563, 4k 598 -> 657, 8k 663 -> 705
-  // TFLOP/s); 16k was not measured with it (one block per slot: 721).
-  const bool persistent = Traits::kPersistent && !varlen && !(p.causal && p.seqlen_q > 8192);
+  // slots (sm90/scheduler_sm90.h); causal tiles longest first in L2-sized sections of heads
+  // (CausalTileOrder), handed out as blocks free up where the caller gave a tile counter. Varlen: one block
+  // per slot, which the hardware hands out as SMs free up (tiles differ in work with the sequences); so
+  // does causal above 8k without a tile counter (the fixed order was not measured there).
+  const bool persistent = Traits::kPersistent && !varlen && !(p.causal && p.seqlen_q > 8192 && p.tile_counter == nullptr);
   int grid = int(num_blocks);
   if (persistent) {
     int device = 0, num_sms = 0;
@@ -82,6 +82,10 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
     int64_t heads = by_waves < by_l2 ? by_waves : by_l2;
     heads = heads < 1 ? 1 : heads > int64_t(p.batch) * p.num_heads ? int64_t(p.batch) * p.num_heads : heads;
     args.causal_tiles = {num_m_blocks, int(heads)};
+    if (p.tile_counter != nullptr) {
+      if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) return err;
+      args.tile_counter = p.tile_counter;
+    }
   }
   kernel<<<unsigned(grid), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
   return cudaGetLastError();

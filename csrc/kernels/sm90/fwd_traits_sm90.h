@@ -14,6 +14,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/tile_scheduler.h"
+#include "sm90/scheduler_sm90.h"
 #include "sm90/tile_sizes_sm90.h"
 
 namespace flash_attn2 {
@@ -97,6 +98,7 @@ struct FwdTraitsSm90 {
     // Per consumer warpgroup: its Q slab landed; the slab (and O staged over it) no longer read.
     uint64_t q_full[kConsumerWarpgroups], q_empty[kConsumerWarpgroups];
     uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+    sm90::SlotRing<2, kConsumerThreads / 32> slots;  // the tiles' slots, producer to consumers
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
@@ -109,6 +111,7 @@ struct FwdArgsSm90 {
   typename Traits::TmaO tma_o;  // fixed length only: varlen rows past a sequence belong to the next one
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder causal_tiles;
+  int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal_order only); nullptr: static walk
 };
 
 }  // namespace flash_attn2

@@ -1,0 +1,80 @@
+// Which tile slots (common/tile_scheduler.h) a Hopper forward block computes, and how its producer warp
+// tells its consumer warpgroups: all know the block's first slot; the producer walks on and publishes each
+// next slot (then one past the last) in a small shared-memory ring.
+#pragma once
+
+#include "sm90/wgmma.h"
+
+namespace flash_attn2::sm90 {
+
+// A block's slots. Static: each section of per_section slots (CausalTileOrder's L2-sized sections, else all
+// slots) in a zig-zag (block, 2 grid - 1 - block, 2 grid + block, ...), pairing a long causal tile with a
+// short one. Dynamic (counter set, zeroed before the launch): the block's own index first, then the next
+// unclaimed slot whenever it starts another tile, so with slots sorted longest first each tile goes to the
+// block that frees up first (greedy LPT) however uneven the tiles are. Used by one whole warp.
+struct SlotWalk {
+  int num_slots, per_section, grid, block;
+  int* counter;
+  int section = 0, k = 0;
+
+  __device__ int first() { return counter != nullptr ? block : static_slot(); }
+
+  // Dynamic: claims a slot (lane 0's atomic; the result is read by next(), so the tile's loads hide its latency).
+  __device__ int claim() const {
+    int claimed = 0;
+    if (counter != nullptr && threadIdx.x % 32 == 0) claimed = atomicAdd(counter, 1);
+    return claimed;
+  }
+
+  // The slot after this one (num_slots or more when done).
+  __device__ int next(int claimed) {
+    if (counter != nullptr) return grid + __shfl_sync(0xffffffffu, claimed, 0);
+    ++k;
+    return static_slot();
+  }
+
+ private:
+  __device__ int static_slot() {
+    for (; section < num_slots; section += per_section, k = 0) {
+      const int j = k * grid + (k % 2 == 0 ? block : grid - 1 - block);
+      if (j < min(per_section, num_slots - section)) return section + j;
+    }
+    return num_slots;
+  }
+};
+
+// The producer's slots on their way to the consumer warpgroups: written by the producer's leader, read by
+// every consumer warp, which releases the entry once all its lanes have it.
+template <int kStages, int kConsumerWarps>
+struct SlotRing {
+  int slot[kStages];
+  uint64_t full[kStages], empty[kStages];
+
+  __device__ void init() {
+    for (int s = 0; s < kStages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], kConsumerWarps);
+    }
+  }
+
+  __device__ void publish(int value, PipelineState& state, bool leader) {
+    barrier_wait(&empty[state.stage], state.phase ^ 1);
+    if (leader) {
+      *static_cast<volatile int*>(&slot[state.stage]) = value;
+      asm volatile("" ::: "memory");  // the arrive (release) must follow the store
+      barrier_arrive(&full[state.stage]);
+    }
+    state.template advance<kStages>();
+  }
+
+  __device__ int receive(PipelineState& state) {
+    barrier_wait(&full[state.stage], state.phase);
+    const int value = *static_cast<volatile int*>(&slot[state.stage]);
+    __syncwarp();  // every lane has read it before the warp releases the entry
+    if (threadIdx.x % 32 == 0) barrier_arrive(&empty[state.stage]);
+    state.template advance<kStages>();
+    return value;
+  }
+};
+
+}  // namespace flash_attn2::sm90
