@@ -6,7 +6,7 @@
 // O += P V (P from registers, V read transposed through the wgmma descriptor), the next block's S issued
 // before this block's P V, the warpgroups taking turns at the tensor cores. A consumer visits only the key
 // blocks its rows see, and frees its Q slab and stores its O rows (TMA for fixed length) on its own. A
-// persistent grid walks the tiles where Traits::kPersistent, the producer handing each to the consumers
+// persistent grid walks the tiles (fixed length), the producer handing each to the consumers
 // (sm90/scheduler_sm90.h: causal tiles go to blocks as they free up). Block ranges, masks, softmax,
 // sequence lengths and the slot-to-tile maps are the SM80 kernel's.
 #pragma once

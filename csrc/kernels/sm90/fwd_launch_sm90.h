@@ -2,6 +2,7 @@
 // launches a persistent grid. Each csrc/instantiations/fwd_*_sm90.cu instantiates one.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 
 #include "common/registry.h"
@@ -57,12 +58,13 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
       nullptr,
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
-  // Fixed length (Traits::kPersistent): a persistent grid, one block per SM (at most one fits) walking the
-  // slots (sm90/scheduler_sm90.h); causal tiles longest first in L2-sized sections of heads
-  // (CausalTileOrder), handed out as blocks free up where the caller gave a tile counter. Varlen: one block
-  // per slot, which the hardware hands out as SMs free up (tiles differ in work with the sequences); so
-  // does causal above 8k without a tile counter (the fixed order was not measured there).
-  const bool persistent = Traits::kPersistent && !varlen && !(p.causal && p.seqlen_q > 8192 && p.tile_counter == nullptr);
+  // Fixed length: a persistent grid, one block per SM (at most one fits) walking the slots
+  // (sm90/scheduler_sm90.h); causal tiles longest first in L2-sized sections of heads (CausalTileOrder),
+  // handed out as blocks free up where the caller gave a tile counter. Varlen: one block per slot, which
+  // the hardware hands out as SMs free up (tiles differ in work with the sequences); so does causal above
+  // Traits::kPersistentCausalMax, or above 8k without a tile counter (the fixed order was not measured there).
+  const int causal_max = p.tile_counter != nullptr ? Traits::kPersistentCausalMax : std::min(Traits::kPersistentCausalMax, 8192);
+  const bool persistent = !varlen && !(p.causal && p.seqlen_q > causal_max);
   int grid = int(num_blocks);
   if (persistent) {
     int device = 0, num_sms = 0;

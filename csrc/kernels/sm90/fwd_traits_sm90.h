@@ -7,6 +7,7 @@
 // which re-read Q from shared memory once per 16 keys: d 256 ran at 0.65x).
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 
+#include <climits>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -82,9 +83,10 @@ struct FwdTraitsSm90 {
   static constexpr uint32_t kQBytes = 64 * kHeadDim * sizeof(Element);  // one warpgroup's slab
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
-  // A persistent grid walks the tiles (the next tile's loads overlap this one's epilogue). Above head dim
-  // 128 the loop's state made ptxas spill (192-328 B at 256): one tile per block there.
-  static constexpr bool kPersistent = kHeadDim <= 128;
+  // Fixed-length grids are persistent (the next tile's loads overlap this one's epilogue), but for causal
+  // above this seqlen_q, where one block per tile in hardware order measured faster (d 256 causal 8k / 16k:
+  // 4% / 11%, benchmarks/TUNING.md step 26); 8192 also bounds the fixed order (no tile counter).
+  static constexpr int kPersistentCausalMax = kHeadDim <= 128 ? INT_MAX : 4096;
   // O gets its own buffer where it fits, so the next tile's Q can load during this tile's epilogue;
   // else it is staged over Q.
   static constexpr int kTileBytes = int(sizeof(Element)) * (2 * cute::cosize_v<SmemLayoutQ> + 2 * cute::cosize_v<SmemLayoutKV>);
