@@ -276,7 +276,8 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   const c10::cuda::CUDAGuard guard(q.device());
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
   // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
-  // (read on every call) keeps the fixed order, for tests and comparison.
+  // (read on every call, like FLASH_ATTN2_BACKEND: a getenv is cheap next to a launch) keeps the fixed
+  // order, for tests and comparison. SM80 and one-block-per-tile launches leave the counter unused.
   Tensor tile_counter;
   const char* order = std::getenv("FLASH_ATTN2_TILE_ORDER");
   if (causal && !cu_seqlens_q && !(order != nullptr && std::string(order) == "static")) {

@@ -61,9 +61,11 @@ struct FwdParams {
   bool causal;
   DType dtype;
 
-  // Optional: one int of device memory for the forward's own use while the call runs (run_fwd zeroes it on
-  // `stream` first). A causal forward on Hopper then hands query tiles to its persistent blocks as they
-  // free up, instead of in a fixed order: up to ~15% faster where tiles differ in work. nullptr: fixed order.
+  // Optional: one int of device memory a fixed-length causal forward on Hopper may use to hand query tiles
+  // to its persistent blocks as they free up, instead of in a fixed order (up to ~10% faster where tiles
+  // differ in work). run_fwd zeroes it on `stream` when it uses it, so its contents are the library's; it
+  // must stay valid until the work queued on `stream` is done, and no two forwards that may run at the
+  // same time (other streams, graphs) may share one. nullptr: fixed order. run_bwd ignores it.
   int* tile_counter = nullptr;
 };
 

@@ -1,9 +1,11 @@
-// Launcher for one (head dim, dtype) Hopper forward kernel: builds the TMA descriptors on the host, then
-// launches a persistent grid. Each csrc/instantiations/fwd_*_sm90.cu instantiates one.
+// Launcher for one (head dim, dtype) Hopper forward kernel: builds the TMA descriptors on the host, picks
+// the grid (persistent or one block per tile) and the causal tile order, then launches. Each
+// csrc/instantiations/fwd_*_sm90.cu instantiates one.
 #pragma once
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 
 #include "common/registry.h"
 #include "sm90/fwd_kernel_sm90.h"
@@ -62,8 +64,8 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   // (sm90/scheduler_sm90.h); causal tiles longest first in L2-sized sections of heads (CausalTileOrder),
   // handed out as blocks free up where the caller gave a tile counter. Varlen: one block per slot, which
   // the hardware hands out as SMs free up (tiles differ in work with the sequences); so does causal above
-  // Traits::kPersistentCausalMax, or above 8k without a tile counter (the fixed order was not measured there).
-  const int causal_max = p.tile_counter != nullptr ? Traits::kPersistentCausalMax : std::min(Traits::kPersistentCausalMax, 8192);
+  // Traits::kPersistentCausalMax (kPersistentCausalMaxStatic without a tile counter).
+  const int causal_max = p.tile_counter != nullptr ? Traits::kPersistentCausalMax : Traits::kPersistentCausalMaxStatic;
   const bool persistent = !varlen && !(p.causal && p.seqlen_q > causal_max);
   int grid = int(num_blocks);
   if (persistent) {
@@ -81,8 +83,11 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
                              (p.num_heads / p.num_heads_k);
     const int64_t by_l2 = (int64_t(16) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
     const int64_t by_waves = (2 * int64_t(grid) + num_m_blocks - 1) / num_m_blocks;
-    int64_t heads = by_waves < by_l2 ? by_waves : by_l2;
-    heads = heads < 1 ? 1 : heads > int64_t(p.batch) * p.num_heads ? int64_t(p.batch) * p.num_heads : heads;
+    // At least a wave of tiles per section: the fixed order gives a block no tile in a section smaller
+    // than the grid (d 128 causal 512 x 32k keys would have run on 4 blocks).
+    const int64_t min_heads = (int64_t(grid) + num_m_blocks - 1) / num_m_blocks;
+    int64_t heads = std::max(std::min(by_waves, by_l2), min_heads);
+    heads = std::min(heads, int64_t(p.batch) * p.num_heads);
     args.causal_tiles = {num_m_blocks, int(heads)};
     if (p.tile_counter != nullptr) {
       if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) return err;

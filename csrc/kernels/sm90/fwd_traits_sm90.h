@@ -85,8 +85,10 @@ struct FwdTraitsSm90 {
 
   // Fixed-length grids are persistent (the next tile's loads overlap this one's epilogue), but for causal
   // above this seqlen_q, where one block per tile in hardware order measured faster (d 256 causal 8k / 16k:
-  // 4% / 11%, benchmarks/TUNING.md step 26); 8192 also bounds the fixed order (no tile counter).
+  // 4% / 11%, benchmarks/TUNING.md step 26). Without a tile counter (fixed order) persistent causal was
+  // measured up to 8k only (step 23).
   static constexpr int kPersistentCausalMax = kHeadDim <= 128 ? INT_MAX : 4096;
+  static constexpr int kPersistentCausalMaxStatic = kPersistentCausalMax < 8192 ? kPersistentCausalMax : 8192;
   // O gets its own buffer where it fits, so the next tile's Q can load during this tile's epilogue;
   // else it is staged over Q.
   static constexpr int kTileBytes = int(sizeof(Element)) * (2 * cute::cosize_v<SmemLayoutQ> + 2 * cute::cosize_v<SmemLayoutKV>);

@@ -10,8 +10,9 @@ namespace flash_attn2::sm90 {
 // A block's slots. Static: each section of per_section slots (CausalTileOrder's L2-sized sections, else all
 // slots) in a zig-zag (block, 2 grid - 1 - block, 2 grid + block, ...), pairing a long causal tile with a
 // short one. Dynamic (counter set, zeroed before the launch): the block's own index first, then the next
-// unclaimed slot whenever it starts another tile, so with slots sorted longest first each tile goes to the
-// block that frees up first (greedy LPT) however uneven the tiles are. Used by one whole warp.
+// unclaimed slot, claimed as the producer starts a tile's loads (one tile ahead of the consumers), so with
+// slots sorted longest first the tiles go out greedily, longest first, however uneven they are. first()
+// may be called by any thread; claim() and next() by the producer's whole warp.
 struct SlotWalk {
   int num_slots, per_section, grid, block;
   int* counter;
@@ -20,7 +21,7 @@ struct SlotWalk {
   __device__ int first() { return counter != nullptr ? block : static_slot(); }
 
   // Dynamic: claims a slot (lane 0's atomic; the result is read by next(), so the tile's loads hide its latency).
-  __device__ int claim() const {
+  __device__ int claim() {
     int claimed = 0;
     if (counter != nullptr && threadIdx.x % 32 == 0) claimed = atomicAdd(counter, 1);
     return claimed;
@@ -57,11 +58,14 @@ struct SlotRing {
     }
   }
 
+  // CUTLASS's barrier asm has no memory clobber: the compiler fences keep the slot's store and load
+  // between the wait (acquire) and the arrive (release).
   __device__ void publish(int value, PipelineState& state, bool leader) {
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) {
+      asm volatile("" ::: "memory");
       *static_cast<volatile int*>(&slot[state.stage]) = value;
-      asm volatile("" ::: "memory");  // the arrive (release) must follow the store
+      asm volatile("" ::: "memory");
       barrier_arrive(&full[state.stage]);
     }
     state.template advance<kStages>();
@@ -69,6 +73,7 @@ struct SlotRing {
 
   __device__ int receive(PipelineState& state) {
     barrier_wait(&full[state.stage], state.phase);
+    asm volatile("" ::: "memory");
     const int value = *static_cast<volatile int*>(&slot[state.stage]);
     __syncwarp();  // every lane has read it before the warp releases the entry
     if (threadIdx.x % 32 == 0) barrier_arrive(&empty[state.stage]);
