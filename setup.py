@@ -1,7 +1,7 @@
 """Builds flash_attn2's CUDA extension (flash_attn2_cuda) with torch.utils.cpp_extension and ninja.
 
 Knobs (environment variables, see README): FLASH_ATTN2_CUDA_ARCHS, FLASH_ATTN2_HEAD_DIMS,
-FLASH_ATTN2_DTYPES, FLASH_ATTN2_SM80_FWD, MAX_JOBS, CUTLASS_DIR, CUDA_HOME.
+FLASH_ATTN2_DTYPES, FLASH_ATTN2_SM80_FWD, FLASH_ATTN2_COMPACT_TILES, MAX_JOBS, CUTLASS_DIR, CUDA_HOME.
 """
 
 import importlib.util
@@ -43,7 +43,9 @@ def _extension_and_cmdclass():
     os.environ["MAX_JOBS"] = str(cfg.max_jobs())
     built = ";".join(cfg.built_arch_names(archs))
     fwd_paths = cfg.forward_paths(archs)
-    print(f"flash_attn2 build: archs {built}; forward {'+'.join(fwd_paths)}; head dims {head_dims}; dtypes {dtypes}; "
+    compact = f"-DFLASH_ATTN2_COMPACT_TILES={int(cfg.compact_tiles(archs))}"
+    print(f"flash_attn2 build: archs {built}; forward {'+'.join(fwd_paths)}; compact tiles {cfg.compact_tiles(archs)}; "
+          f"head dims {head_dims}; dtypes {dtypes}; "
           f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}")
 
     ext = cpp_extension.CUDAExtension(
@@ -52,9 +54,9 @@ def _extension_and_cmdclass():
         + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes, fwd_paths)],
         include_dirs=[os.path.join(ROOT, CSRC, "include"), os.path.join(ROOT, CSRC, "kernels"), cutlass_include],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"']
+            "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"', compact]
             + cfg.kernel_definitions(head_dims, dtypes, fwd_paths),
-            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills"]
+            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills", compact]
             + cfg.gencode_flags(archs),
         },
     )

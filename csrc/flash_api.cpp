@@ -20,6 +20,10 @@
 
 #include "flash_attn2/flash_attn2.h"
 
+#ifndef FLASH_ATTN2_COMPACT_TILES  // set by setup.py: whether the backward has its compact tiles
+#define FLASH_ATTN2_COMPACT_TILES 0
+#endif
+
 namespace {
 
 using flash_attn2::DType;
@@ -256,8 +260,11 @@ void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
               "flash_attn2 was built for ", FLASH_ATTN2_BUILT_ARCHS, ", which cannot run on ",
               q.device(), "; rebuild with FLASH_ATTN2_CUDA_ARCHS set to this GPU's compute capability");
   TORCH_CHECK(err != cudaErrorLaunchOutOfResources, "flash_attn2: the ", direction, " kernel for head dim ",
-              q.size(-1), " needs more shared memory per block than ", q.device(),
-              " offers (the backward at head dims 224 and 256 needs an H100/H200-class GPU)");
+              q.size(-1), " needs more shared memory per block than ", q.device(), " offers",
+              std::getenv("FLASH_ATTN2_SMEM_LIMIT") ? " under FLASH_ATTN2_SMEM_LIMIT" : "",
+              FLASH_ATTN2_COMPACT_TILES ? " (the backward above head dim 160 needs an A100's 163 KB)"
+                                        : " (this build has no compact tiles: they come with any arch below sm_90, "
+                                          "or FLASH_ATTN2_COMPACT_TILES=1)");
   TORCH_CHECK(err == cudaSuccess, "flash_attn2: ", direction, " failed: ", flash_attn2::last_error_message());
 }
 
@@ -497,4 +504,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);
+  m.attr("compact_tiles") = bool(FLASH_ATTN2_COMPACT_TILES);
 }

@@ -6,6 +6,8 @@
 // symbol reference: a static library keeps them all, which self-registering static initializers would not.
 #pragma once
 
+#include <cstdlib>
+
 #include "flash_attn2/flash_attn2.h"
 
 namespace flash_attn2 {
@@ -25,15 +27,34 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 // gradient rows outside every varlen sequence.
 cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 
+// Shared memory a block may use on the current device (opt-in limit: 227 KB on H100, 163 KB on A100,
+// 99 KB on sm_86/89).
+inline cudaError_t device_smem_limit(int* bytes) {
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  return cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+}
+
+// What the SM80 launchers pick their tiles for: the device's limit, or FLASH_ATTN2_SMEM_LIMIT bytes where
+// that is lower (read on every call), so that a big GPU runs and tests the tiles meant for smaller ones.
+inline cudaError_t tile_smem_limit(int* bytes) {
+  if (cudaError_t err = device_smem_limit(bytes)) return err;
+  if (const char* env = std::getenv("FLASH_ATTN2_SMEM_LIMIT")) {
+    const long forced = std::strtol(env, nullptr, 10);
+    if (forced > 0 && forced < *bytes) *bytes = int(forced);
+  }
+  return cudaSuccess;
+}
+
 // Opts kernel into bytes of dynamic shared memory on the current device, or returns
 // cudaErrorLaunchOutOfResources where a block may not have that much (the backward's 208 KB at head
-// dim 256 on an A100). The attribute is per device, so launchers call this on every launch.
+// dim 256 on an A100 without compact tiles). The attribute is per device, so launchers call this on
+// every launch.
 template <class Kernel>
 cudaError_t allow_dynamic_smem(Kernel* kernel, int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;  // every GPU allows this much without opting in
-  int device = 0, limit = 0;
-  if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device)) return err;
+  int limit = 0;
+  if (cudaError_t err = device_smem_limit(&limit)) return err;
   if (bytes > limit) return cudaErrorLaunchOutOfResources;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }

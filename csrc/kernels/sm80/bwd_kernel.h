@@ -79,8 +79,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   extern __shared__ __align__(128) char smem[];
   constexpr int kQSize = Traits::kQSize, kKVSize = Traits::kKVSize, kPdSSize = Traits::kPdSSize;
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D), stage 0
-  Tensor sdO = make_tensor(sQ.data() + 2 * kQSize, typename Traits::SmemLayoutQ{});             // (kBlockM, D), stage 0
-  Tensor sK = make_tensor(sdO.data() + 2 * kQSize, typename Traits::SmemLayoutKV{});            // (kBlockN, D)
+  constexpr int kStages = Traits::kStages;
+  Tensor sdO = make_tensor(sQ.data() + kStages * kQSize, typename Traits::SmemLayoutQ{});       // (kBlockM, D), stage 0
+  Tensor sK = make_tensor(sdO.data() + kStages * kQSize, typename Traits::SmemLayoutKV{});      // (kBlockN, D)
   Tensor sV = make_tensor(sK.data() + kKVSize, typename Traits::SmemLayoutKV{});        // (kBlockN, D)
   Tensor sP = make_tensor(sV.data() + kKVSize, typename Traits::SmemLayoutPdS{});       // (kBlockM, kBlockN)
   Tensor sdS = make_tensor(sP.data() + kPdSSize, typename Traits::SmemLayoutPdS{});     // (kBlockM, kBlockN)
@@ -93,8 +94,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor sPt_frag = make_tensor(sP.data(), get_nonswizzle_portion(typename Traits::SmemLayoutPdSt{}));  // (kBlockN, kBlockM)
   Tensor sQt_frag = make_tensor(sQ.data(), get_nonswizzle_portion(typename Traits::SmemLayoutQt{}));    // (D, kBlockM)
   Tensor sKt_frag = make_tensor(sK.data(), get_nonswizzle_portion(typename Traits::SmemLayoutKt{}));    // (D, kBlockN)
-  // Stage s of a partitioned Q / dO buffer.
-  auto stage = [](auto const& t, int s) { return make_tensor(t.data() + s * kQSize, t.layout()); };
+  // Stage s (0 or 1, alternating by step) of a partitioned Q / dO buffer; one buffer serves both when kStages == 1.
+  auto stage = [](auto const& t, int s) { return make_tensor(t.data() + (kStages == 2 ? s : 0) * kQSize, t.layout()); };
 
   // Global -> shared.
   typename Traits::GmemTiledCopyIn gmem_copy;
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
       // The next block's loads go out only now, so that their shared-memory writes stay out of the S
       // and dP GEMMs (bwd +3% at d 64, +5% at d 256: benchmarks/TUNING.md steps 12-13).
-      if (has_next) {
+      if (kStages == 2 && has_next) {
         load_q(next.dh, next.m_block, s ^ 1);
         load_do(next.dh, next.m_block, s ^ 1);
         cp_async_fence();
@@ -252,6 +253,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         Tensor tdKrdSt = thr_dkv.partition_fragment_A(sPt_frag);  // (MMA, MMA_N, MMA_M)
         Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt_frag);   // (MMA, MMA_D, MMA_M)
         gemm_ss(mma_dkv, acc_dk, tdKrdSt, tdKsdSt, smem_copy_a_dkv, tdKrQt, stage(tdKsQt, s), smem_copy_b_dkv);
+      }
+      if (kStages == 1 && has_next) {  // one buffer: the next block loads once every warp is done with this one
+        __syncthreads();
+        load_q(next.dh, next.m_block, s ^ 1);
+        load_do(next.dh, next.m_block, s ^ 1);
+        cp_async_fence();
       }
     };
 

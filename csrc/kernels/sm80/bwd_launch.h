@@ -10,11 +10,13 @@
 
 namespace flash_attn2 {
 
-template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
-  using Traits = BwdTraits<kHeadDim, ElementOf<kDType>, BwdTileFor<kHeadDim>>;
+template <class Traits>
+cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
   auto kernel = &bwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
+  int limit = 0;
+  if (cudaError_t err = tile_smem_limit(&limit)) return err;
+  if (kSmemBytes > limit) return cudaErrorLaunchOutOfResources;
   if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
   const int64_t num_blocks = int64_t(bwd_num_splits<Traits::kBlockN>(params)) * params.num_heads_k * params.batch;
   if (num_blocks == 0) return cudaSuccess;
@@ -26,8 +28,23 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   if (num_convert_blocks == 0) return cudaSuccess;
   if (num_convert_blocks > INT_MAX) return cudaErrorInvalidValue;
   convert_dq_kernel<Traits><<<unsigned(num_convert_blocks), Traits::kNThreads,
-                               Traits::kQSize * sizeof(ElementOf<kDType>), stream>>>(params);
+                               Traits::kQSize * sizeof(typename Traits::Element), stream>>>(params);
   return cudaGetLastError();
+}
+
+// The full tile where the GPU's shared memory per block holds it, else the compact one (one Q / dO
+// buffer) where that fits (FLASH_ATTN2_COMPACT_TILES builds: any arch below sm_90, or asked for).
+template <int kHeadDim, DType kDType>
+cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
+  using Full = BwdTraits<kHeadDim, ElementOf<kDType>, BwdTileFor<kHeadDim>>;
+#if FLASH_ATTN2_COMPACT_TILES
+  int limit = 0;
+  if (cudaError_t err = tile_smem_limit(&limit)) return err;
+  if (Full::kSmemBytes > limit) {
+    return launch_bwd_tile<BwdTraits<kHeadDim, ElementOf<kDType>, BwdCompactTileFor<kHeadDim>>>(params, stream);
+  }
+#endif
+  return launch_bwd_tile<Full>(params, stream);
 }
 
 }  // namespace flash_attn2

@@ -12,6 +12,9 @@ template <class Traits>
 cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
   auto kernel = &fwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
+  int limit = 0;
+  if (cudaError_t err = tile_smem_limit(&limit)) return err;
+  if (kSmemBytes > limit) return cudaErrorLaunchOutOfResources;
   if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(params);
   if (num_blocks == 0) return cudaSuccess;
@@ -24,12 +27,20 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   using Tiles = FwdTiles<kHeadDim>;
+  using Long = FwdTraits<kHeadDim, Element, typename Tiles::Long>;
+  if constexpr (HasCompactTile<Tiles>::value) {  // for GPUs with less shared memory per block
+    int limit = 0;
+    if (cudaError_t err = tile_smem_limit(&limit)) return err;
+    if (Long::kSmemBytes > limit) {
+      return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Compact>>(params, stream);
+    }
+  }
   if constexpr (HasShortTile<Tiles>::value) {
     if (params.seqlen_q <= Tiles::kShortMaxSeqlenQ) {
       return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Short>>(params, stream);
     }
   }
-  return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Long>>(params, stream);
+  return launch_fwd_tile<Long>(params, stream);
 }
 
 }  // namespace flash_attn2

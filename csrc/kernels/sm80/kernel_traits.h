@@ -103,11 +103,13 @@ struct BwdTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
                                                      cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using SmemLayoutPdSt = typename Base::template Transposed<SmemLayoutPdS>;  // (kBlockN, kBlockM)
 
+  static constexpr int kStages = Tile::kStages;
+  static_assert(kStages == 1 || kStages == 2);
   static constexpr int kQSize = cute::cosize(SmemLayoutQ{});
   static constexpr int kKVSize = cute::cosize(SmemLayoutKV{});
   static constexpr int kPdSSize = cute::cosize(SmemLayoutPdS{});
-  // 2 x Q, 2 x dO, K, V, P, dS. The dK / dV tiles reuse K and V's space at the end.
-  static constexpr int kSmemBytes = int(sizeof(Element)) * (4 * kQSize + 2 * kKVSize + 2 * kPdSSize);
+  // kStages x Q, kStages x dO, K, V, P, dS. The dK / dV tiles reuse K and V's space at the end.
+  static constexpr int kSmemBytes = int(sizeof(Element)) * (2 * kStages * kQSize + 2 * kKVSize + 2 * kPdSSize);
 };
 
 }  // namespace flash_attn2

@@ -20,20 +20,25 @@ template <> struct FwdTiles<96>  { using Long = Tile<128, 64, 4>; };
 template <> struct FwdTiles<128> { using Long = Tile<128, 64, 4>; };
 template <> struct FwdTiles<160> { using Long = Tile<128, 32, 4>; };
 template <> struct FwdTiles<192> { using Long = Tile<128, 64, 8>; };
-template <> struct FwdTiles<224> { using Long = Tile<128, 64, 8>; };
+template <> struct FwdTiles<224> {
+  using Long = Tile<128, 64, 8>;     // 112 KB
+  using Compact = Tile<64, 64, 4>;   // 84 KB, for GPUs with less shared memory per block (sm_86/89: 99 KB)
+};
 template <> struct FwdTiles<256> {
   using Long = Tile<128, 64, 8>;   // one 128 KB block per SM
   using Short = Tile<64, 64, 4>;   // two 96 KB blocks per SM
+  using Compact = Short;
   static constexpr int kShortMaxSeqlenQ = 2048;
 };
 
 // Backward tiles: kBlockM query rows stream past kBlockN resident key rows. The three GEMM shapes
 // spread the 8 warps differently, each warp grid given as (rows x 8 / rows): S and dP (kBlockM x
 // kBlockN) over kAtomMSdP rows of warps, dK and dV (kBlockN x D) over kAtomNdKV, dQ (kBlockM x D) over
-// kAtomMdQ. Q and dO are double-buffered.
-template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_>
+// kAtomMdQ. Q and dO have kStages buffers: with two, the next query block loads during this one's dV,
+// dQ and dK GEMMs.
+template <int kBlockM_, int kBlockN_, int kAtomMSdP_, int kAtomNdKV_, int kAtomMdQ_, int kStages_ = 2>
 struct BwdTile {
-  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = 8;
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = 8, kStages = kStages_;
   static constexpr int kAtomMSdP = kAtomMSdP_, kAtomNdKV = kAtomNdKV_, kAtomMdQ = kAtomMdQ_;
 };
 
@@ -48,9 +53,24 @@ using BwdTileFor = std::conditional_t<(kHeadDim <= 64), BwdTile<kM, 128, 4, 4, 4
                    std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 128, 2, 4, kHeadDim % 64 == 0 ? 2 : 4>,
                                       BwdTile<kM, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4>>>;
 
+// For GPUs with less shared memory per block: one Q / dO buffer (and 64 keys up to head dim 128), the
+// same query rows and dQ layout. 96 KB at head dim 32, 80 KB at 64-128 and 96 KB at 160 fit sm_86/89's
+// 99 KB; 112-144 KB at 192-256 fit A100's 163 KB.
+template <int kHeadDim, int kM = bwd_block_m(kHeadDim)>
+using BwdCompactTileFor = std::conditional_t<(kHeadDim <= 32), BwdTile<kM, 128, 4, 4, 4, 1>,
+                          std::conditional_t<(kHeadDim <= 64), BwdTile<kM, 64, 4, 4, 4, 1>,
+                          std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 64, 4, 4, kHeadDim % 64 == 0 ? 2 : 4, 1>,
+                                             BwdTile<kM, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4, 1>>>>;
+
 // Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.
 template <class Tiles, class = void> struct HasShortTile { static constexpr bool value = false; };
 template <class Tiles> struct HasShortTile<Tiles, decltype(void(Tiles::kShortMaxSeqlenQ))> {
+  static constexpr bool value = true;
+};
+
+// Compact tile for GPUs whose shared memory per block does not hold the Long one, when a head dim has one.
+template <class Tiles, class = void> struct HasCompactTile { static constexpr bool value = false; };
+template <class Tiles> struct HasCompactTile<Tiles, std::void_t<typename Tiles::Compact>> {
   static constexpr bool value = true;
 };
 
