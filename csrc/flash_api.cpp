@@ -263,8 +263,7 @@ void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
               q.size(-1), " needs more shared memory per block than ", q.device(), " offers",
               std::getenv("FLASH_ATTN2_SMEM_LIMIT") ? " under FLASH_ATTN2_SMEM_LIMIT" : "",
               FLASH_ATTN2_COMPACT_TILES ? " (the backward above head dim 160 needs an A100's 163 KB)"
-                                        : " (this build has no compact tiles: they come with any arch below sm_90, "
-                                          "or FLASH_ATTN2_COMPACT_TILES=1)");
+                                        : " (this build has no compact tiles: FLASH_ATTN2_COMPACT_TILES=1 adds them)");
   TORCH_CHECK(err == cudaSuccess, "flash_attn2: ", direction, " failed: ", flash_attn2::last_error_message());
 }
 

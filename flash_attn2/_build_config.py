@@ -131,12 +131,11 @@ def forward_paths(archs: list[str], env=os.environ) -> list[str]:
     return paths
 
 
-def compact_tiles(archs: list[str], env=os.environ) -> bool:
-    """Whether the SM80 backward also compiles its compact tiles (one Q / dO buffer), which GPUs with less
-    shared memory per block than the full tiles need (A100 at head dims 224/256, sm_86/89 at all): for any
-    target but sm_90, or on an sm_90-only build with FLASH_ATTN2_COMPACT_TILES=1 (to test them there)."""
-    nums = [a.replace("+PTX", "") for a in archs]
-    return any(n != HOPPER for n in nums) or env.get("FLASH_ATTN2_COMPACT_TILES", "0") not in ("", "0")
+def compact_tiles(env=os.environ) -> bool:
+    """Whether the SM80 kernels also compile their compact tiles (backward: one Q / dO buffer), which GPUs
+    with less shared memory per block than the full tiles need (A100 at head dims 224/256, sm_86/89 at all).
+    Only with FLASH_ATTN2_COMPACT_TILES=1 until they have run on a GPU; then for every target but sm_90."""
+    return env.get("FLASH_ATTN2_COMPACT_TILES", "0") not in ("", "0")
 
 
 def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], fwd_paths=("sm80",)) -> list[str]:

@@ -18,6 +18,11 @@ LIMITS = {"a100": 163 * 1024, "sm86": 99 * 1024}
 BWD_MAX_HEAD_DIM = {"a100": 256, "sm86": 160}
 
 
+def require_compact_tiles():
+    if not _ops.ext.compact_tiles:
+        pytest.skip("built without the compact tiles (FLASH_ATTN2_COMPACT_TILES=1 adds them)")
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("gpu", list(LIMITS))
@@ -26,8 +31,7 @@ def test_bwd_under_smem_limit(causal, gpu, head_dim, dtype, monkeypatch):
     """Gradients right where the compact tiles fit (several query and key blocks, GQA, odd lengths); a
     clear error where nothing does."""
     require_kernel(head_dim, dtype)
-    if not _ops.ext.compact_tiles:
-        pytest.skip("built without compact tiles (sm_90 only; FLASH_ATTN2_COMPACT_TILES=1 adds them)")
+    require_compact_tiles()
     q, k, v = dense_inputs(2, 300, 257, 4, 2, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
     monkeypatch.setenv("FLASH_ATTN2_SMEM_LIMIT", str(LIMITS[gpu]))
@@ -46,6 +50,7 @@ def test_bwd_under_smem_limit(causal, gpu, head_dim, dtype, monkeypatch):
 def test_sm80_fwd_under_smem_limit(gpu, head_dim, dtype, monkeypatch):
     """The SM80 forward fits every head dim on both (head dims 224 and 256 through their compact tiles)."""
     require_kernel(head_dim, dtype)
+    require_compact_tiles()
     monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     try:
         flash_attn2.flash_attn_func(*(randn(1, 8, 1, head_dim, dtype=dtype) for _ in range(3)))

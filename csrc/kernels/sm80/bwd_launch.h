@@ -33,7 +33,7 @@ cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
 }
 
 // The full tile where the GPU's shared memory per block holds it, else the compact one (one Q / dO
-// buffer) where that fits (FLASH_ATTN2_COMPACT_TILES builds: any arch below sm_90, or asked for).
+// buffer) where that fits (FLASH_ATTN2_COMPACT_TILES builds).
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   using Full = BwdTraits<kHeadDim, ElementOf<kDType>, BwdTileFor<kHeadDim>>;

@@ -28,6 +28,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   using Tiles = FwdTiles<kHeadDim>;
   using Long = FwdTraits<kHeadDim, Element, typename Tiles::Long>;
+#if FLASH_ATTN2_COMPACT_TILES
   if constexpr (HasCompactTile<Tiles>::value) {  // for GPUs with less shared memory per block
     int limit = 0;
     if (cudaError_t err = tile_smem_limit(&limit)) return err;
@@ -35,6 +36,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
       return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Compact>>(params, stream);
     }
   }
+#endif
   if constexpr (HasShortTile<Tiles>::value) {
     if (params.seqlen_q <= Tiles::kShortMaxSeqlenQ) {
       return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Short>>(params, stream);
