@@ -59,4 +59,13 @@ cudaError_t allow_dynamic_smem(Kernel* kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
+// allow_dynamic_smem for an SM80 tile, which must also fit tile_smem_limit (the limit it was picked for).
+template <class Kernel>
+cudaError_t allow_tile_smem(Kernel* kernel, int bytes) {
+  int limit = 0;
+  if (cudaError_t err = tile_smem_limit(&limit)) return err;
+  if (bytes > limit) return cudaErrorLaunchOutOfResources;
+  return allow_dynamic_smem(kernel, bytes);
+}
+
 }  // namespace flash_attn2

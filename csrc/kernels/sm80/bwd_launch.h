@@ -14,10 +14,7 @@ template <class Traits>
 cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
   auto kernel = &bwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  int limit = 0;
-  if (cudaError_t err = tile_smem_limit(&limit)) return err;
-  if (kSmemBytes > limit) return cudaErrorLaunchOutOfResources;
-  if (cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes)) return err;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
   const int64_t num_blocks = int64_t(bwd_num_splits<Traits::kBlockN>(params)) * params.num_heads_k * params.batch;
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
