@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, save, time_interleaved,
-                        warm_up_gpu)
+from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, pass_fn, save,
+                        time_interleaved, warm_up_gpu)
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
 # name: (query heads, key/value heads, head dim)
@@ -59,21 +59,8 @@ def causal_flops(lengths, nheads, hdim, pass_):
 
 
 def make_run(fn, inputs, pass_, dout):
-    """What one timed run does for `pass_`."""
-    if pass_ == "fwd":
-        def run():
-            with torch.no_grad():
-                fn()
-    elif pass_ == "fwd_train":
-        run = fn
-    elif pass_ == "bwd":
-        out = fn()
-        def run():
-            torch.autograd.grad(out, inputs, dout, retain_graph=True)
-    else:
-        def run():
-            torch.autograd.grad(fn(), inputs, dout)
-    return run
+    """What one timed run does for `pass_`: the grid's passes, plus the forward with grad enabled."""
+    return fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout)
 
 
 def dense_fn(impl, q, k, v, expand_kv=False):
