@@ -32,8 +32,8 @@ namespace flash_attn2 {
 namespace sm90 {
 
 // Named barriers (ids above CUTLASS's reserved ones).
-// Per consumer warpgroup (at most 3): its ping-pong turn, its epilogue.
-enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3 };
+// Per consumer warpgroup (at most 3): its ping-pong turn, its epilogue; then the zeroed V tail (varlen).
+enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
 
 // The (rows, head_dim, heads, batch) extents the TMA descriptors were built for (fwd_launch_sm90.h).
 template <bool kIsQ>
@@ -175,6 +175,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
   Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? smem.o.data() : smem.q.data()),
                           typename Traits::SmemLayoutQ{});  // (kBlockM, D)
 
@@ -209,6 +210,29 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   auto issue_pv = [&] {
     barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_o, tOrP, tOrVt(_, _, _, v_state.stage), acc_o);
+  };
+  // Varlen: a sequence's last key block reaches past its end into rows of the packed tensor that may hold
+  // anything (the next sequence's, or rows outside every sequence). Those keys are masked (P = 0), but
+  // 0 x NaN is NaN, so their V rows are zeroed before any P V reads them: by the last warpgroup that
+  // reads the block, while the others that read it wait at a barrier. Fixed length gets zeros from TMA's
+  // out-of-bounds fill. Called after the first S = Q K^T, outside the ping-pong turns.
+  auto zero_v_tail = [&](int tail) {
+    int readers = 0, zeroer = 0;
+    CUTE_UNROLL
+    for (int w = 0; w < kGroups; ++w) {
+      const BlockRange r = warpgroup_block_range<Traits>(seq, tile_blocks, m_block, w, p.causal);
+      if (r.n_max == tile_blocks.n_max && r.n_max > r.n_min) ++readers, zeroer = w;
+    }
+    if (warpgroup == zeroer) {
+      barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
+      constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row; the swizzle keeps each contiguous
+      for (int i = thread % 128; i < tail * kChunks; i += 128) {
+        const int row = kBlockN - tail + i / kChunks, col = i % kChunks * 8;
+        *reinterpret_cast<uint4*>(raw_pointer_cast(&sV(row, col, v_state.stage))) = uint4{0, 0, 0, 0};
+      }
+      cutlass::arch::fence_view_async_shared();  // the zeros, visible to the wgmma
+    }
+    named_barrier_sync(128 * readers, int(Barrier::kVTail));
   };
   auto release = [&](uint64_t* empty, PipelineState& state) {
     if (release_thread) barrier_arrive(&empty[state.stage]);
@@ -266,6 +290,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
       softmax_step(n_block, false_type{});
     }
     convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
+    const int key_tail = blocks.n_max * kBlockN - seq.len_k;  // rows of the sequence's last block past its end
+    if (p.cu_seqlens_k != nullptr && key_tail > 0) zero_v_tail(key_tail);  // (only its readers get here)
     for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
     for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
     if (Traits::kSeparateO) release_q();  // the last S = Q K^T is done: the next tile's Q may load
