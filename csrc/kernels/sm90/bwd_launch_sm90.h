@@ -74,3 +74,6 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
 }
 
 }  // namespace flash_attn2
+
+#define FLASH_ATTN2_INSTANTIATE_BWD_SM90(HEAD_DIM, DTYPE) \
+  template cudaError_t flash_attn2::launch_bwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, cudaStream_t);

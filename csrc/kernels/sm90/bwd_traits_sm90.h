@@ -85,7 +85,7 @@ struct BwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds;
-    uint64_t kv_full;
+    uint64_t kv_full, kv_empty;
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
