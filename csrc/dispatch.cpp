@@ -240,12 +240,19 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
-  // The Hopper backward on an sm_90 GPU where built for this head dim, but for deterministic mode and
-  // FLASH_ATTN2_BACKEND=sm80.
+  // The Hopper backward on an sm_90 GPU where built for this head dim, but for deterministic mode,
+  // FLASH_ATTN2_BACKEND=sm80, and a dout whose strides TMA cannot take (zero, e.g. expanded over heads).
   const Kernels& k = kernels(bucket, p.dtype);
   const char* env = std::getenv("FLASH_ATTN2_BACKEND");
-  const bool sm80_asked = env != nullptr && std::strcmp(env, "sm80") == 0;
-  const BwdLauncher bwd = k.bwd_sm90 != nullptr && p.num_splits == 0 && !sm80_asked && device_is_sm90() ? k.bwd_sm90 : k.bwd;
+  const std::string backend = env == nullptr ? "" : env;
+  if (!backend.empty() && backend != "auto" && backend != "sm80" && backend != "sm90") {
+    return fail(cudaErrorInvalidValue, "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'");
+  }
+  const bool sm80_asked = backend == "sm80";
+  const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
+                           (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
+  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && !sm80_asked && tma_strides && device_is_sm90();
+  const BwdLauncher bwd = sm90 ? k.bwd_sm90 : k.bwd;
   if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }

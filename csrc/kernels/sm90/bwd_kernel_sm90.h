@@ -1,5 +1,8 @@
 // FlashAttention backward on Hopper (sm_90a), head dim <= 128: TMA loads, wgmma, warp specialization.
-// Draft: compiled, not yet run on a GPU, not yet wired into the build.
+// Draft: compiled, not yet run on a GPU. Known gap: in varlen, the Q / dO rows of a sequence's last query
+// block past its end and the K rows of its last key block past its end are not zeroed in shared memory,
+// so NaN there (rows after the last sequence) would reach dV / dK through 0 x NaN and dQ through dS K;
+// the Hopper forward's zero_v_tail shows the pattern (branch wip/varlen-tail-zero).
 //
 // One block per (128-key block, batch, kv head). Warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] and dO[m] into a
@@ -226,10 +229,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) {
             const int row = row0 + get<1>(tScS(r, c));
-            const bool hidden = masked && (key >= seq.len_k || (p.causal && key > row + diag));
+            // Rows past the sequence too: S^T and dP^T there may be NaN (varlen rows after the last
+            // sequence), which 0 x NaN would carry on.
+            const bool hidden = row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
             const float pt = hidden ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2[c]);
-            St(r, c) = pt;                           // P^T
-            dPt(r, c) = pt * (dPt(r, c) - d_col[c]);  // dS^T
+            St(r, c) = pt;                                         // P^T
+            dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - d_col[c]);  // dS^T
           }
         }
         Tensor rP = convert_fragment<Element>(acc_s);
