@@ -1,8 +1,5 @@
 // FlashAttention backward on Hopper (sm_90a), head dim <= 128: TMA loads, wgmma, warp specialization.
-// Draft: compiled, not yet run on a GPU. Known gap: in varlen, the Q / dO rows of a sequence's last query
-// block past its end and the K rows of its last key block past its end are not zeroed in shared memory,
-// so NaN there (rows after the last sequence) would reach dV / dK through 0 x NaN and dQ through dS K;
-// the Hopper forward's zero_v_tail shows the pattern (branch wip/varlen-tail-zero).
+// Draft: compiled, not yet run on a GPU.
 //
 // One block per (128-key block, batch, kv head). Warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] and dO[m] into a
@@ -38,6 +35,17 @@ enum class BwdBarrier : int { kdSWritten = 6, kdSRead = 7 };
 template <int kHeadDim>
 __host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
+}
+
+// Rows [first, rows) of a (rows, D) shared-memory tile to zero, 16 bytes per store (the swizzle keeps
+// each 8-element chunk contiguous), by `threads` threads; then fenced for the wgmma (async proxy).
+template <class Tensor>
+__device__ void zero_rows(Tensor&& t, int first, int thread, int threads) {
+  constexpr int kRows = decltype(cute::size<0>(t))::value, kChunks = decltype(cute::size<1>(t))::value / 8;
+  for (int i = thread; i < (kRows - first) * kChunks; i += threads) {
+    *reinterpret_cast<uint4*>(cute::raw_pointer_cast(&t(first + i / kChunks, i % kChunks * 8))) = uint4{0, 0, 0, 0};
+  }
+  cutlass::arch::fence_view_async_shared();
 }
 
 __device__ __forceinline__ void red_add_global_x2(float* ptr, float a, float b) {
@@ -195,7 +203,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
     clear(acc_dk);
     clear(acc_dv);
-    if (blocks.m_max > blocks.m_min) barrier_wait(&smem.kv_full, kv_phase);
+    if (blocks.m_max > blocks.m_min) {
+      barrier_wait(&smem.kv_full, kv_phase);
+      // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
+      // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
+      if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
+    }
     for (int dh = 0; blocks.m_max > blocks.m_min && dh < group; ++dh) {
       const int head = h0 + dh;
       const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride;
@@ -237,7 +250,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
             dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - d_col[c]);  // dS^T
           }
         }
-        Tensor rP = convert_fragment<Element>(acc_s);
+        // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them
+      // (their S^T and dP^T columns are already 0); both warpgroups share the work, kdSRead orders it.
+      if (varlen && row0 + kBlockM > seq.len_q) {
+        const int valid = max(0, seq.len_q - row0);
+        zero_rows(sQ(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+        zero_rows(sdO(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      }
+      Tensor rP = convert_fragment<Element>(acc_s);
         Tensor rdS = convert_fragment<Element>(acc_dp);
         Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
         Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
