@@ -66,12 +66,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = args.params;
 
-  // Blocks per (batch, kv head): one per key block of the max_seqlen_k hint; a block takes key blocks
-  // first, first + num_n_blocks, ... while its sequence has them (a small hint costs parallelism, not keys).
-  const int num_n_blocks = int(gridDim.x) / (p.num_heads_k * p.batch);
-  const int first_n_block = int(blockIdx.x) % num_n_blocks;
-  const int bidh_k = int(blockIdx.x) / num_n_blocks % p.num_heads_k;
-  const int bidb = int(blockIdx.x) / num_n_blocks / p.num_heads_k;
+  // One key block per block: the key-side tile slots (sized from the packed length for varlen, so no
+  // max_seqlen_k hint can leave keys out).
+  const QueryTile tile = QueryTileScheduler<kBlockN, /*kKeys=*/true>::get(p, int(blockIdx.x));
+  if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's
+  const int n_block = tile.m_block, bidh_k = tile.bidh, bidb = tile.bidb;
   const int group = p.num_heads / p.num_heads_k;
   const int h0 = bidh_k * group;
   const SeqlenInfo seq(p, bidb);
@@ -79,7 +78,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
 
   if (threadIdx.x == 0) {
     barrier_init(&smem.kv_full, 1);
-    barrier_init(&smem.kv_empty, kGroups);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&smem.q_full[s], 1);
@@ -111,15 +109,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
                         typename Traits::TileQ{}, make_coord(_, _0{}));
     };
     PipelineState state;
-    uint32_t kv_phase = 0;
-    for (int n_block = first_n_block; n_block * kBlockN < seq.len_k; n_block += num_n_blocks) {
+    {
       const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
-      if (blocks.m_max <= blocks.m_min) continue;  // no query sees these keys: the consumers store zeros
+      if (blocks.m_max <= blocks.m_min) return;  // no query sees these keys: the consumers store zeros
       Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
                              typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
       Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
                              typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
-      barrier_wait(&smem.kv_empty, kv_phase ^ 1);  // the last key block's GEMMs are done with K and V
       if (leader) {
         auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
         auto tV = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
@@ -127,7 +123,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
         copy(args.tma_k.with(smem.kv_full), get<0>(tK), get<1>(tK));
         copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
       }
-      kv_phase ^= 1;
       for (int dh = 0; dh < group; ++dh) {
         Tensor gQ = rows_q(mQ, h0 + dh);    // (M, D, m)
         Tensor gdO = rows_q(mdO, h0 + dh);  // (M, D, m)
@@ -197,14 +192,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const int dq_col0 = wg * Traits::kHalfD;
 
   PipelineState state;
-  uint32_t kv_phase = 0;
-  for (int n_block = first_n_block; n_block * kBlockN < seq.len_k; n_block += num_n_blocks) {
+  {
     const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
     const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
     clear(acc_dk);
     clear(acc_dv);
     if (blocks.m_max > blocks.m_min) {
-      barrier_wait(&smem.kv_full, kv_phase);
+      barrier_wait(&smem.kv_full, 0);
       // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
       // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
       if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
@@ -294,11 +288,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
           }
         }
       }
-    }
-
-    if (blocks.m_max > blocks.m_min) {  // every GEMM on these K and V is done (waited above): the next may load
-      if (thread == 0) barrier_arrive(&smem.kv_empty);
-      kv_phase ^= 1;
     }
 
     // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.

@@ -39,9 +39,7 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsSm90<kHeadDim, ElementOf<kDType>>;
   if (p.num_splits > 0) return cudaErrorNotSupported;  // deterministic mode: the SM80 backward
-  const int64_t keys = p.cu_seqlens_k != nullptr ? clamp_row(p.seqlen_k, 0, p.total_k) : p.seqlen_k;
-  const int64_t num_n_blocks = keys > 0 ? (keys + Traits::kBlockN - 1) / Traits::kBlockN : 1;
-  const int64_t num_blocks = num_n_blocks * p.num_heads_k * p.batch;
+  const int64_t num_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = &bwd_kernel_sm90<Traits>;

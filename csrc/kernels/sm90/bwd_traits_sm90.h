@@ -15,6 +15,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/tile_scheduler.h"
 
 namespace flash_attn2 {
 
@@ -85,7 +86,7 @@ struct BwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds;
-    uint64_t kv_full, kv_empty;
+    uint64_t kv_full;
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
