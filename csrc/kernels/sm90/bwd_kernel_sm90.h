@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const int group = p.num_heads / p.num_heads_k;
   const int h0 = bidh_k * group;
   const SeqlenInfo seq(p, bidb);
+  const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
 
   if (threadIdx.x == 0) {
@@ -109,38 +110,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
                         typename Traits::TileQ{}, make_coord(_, _0{}));
     };
     PipelineState state;
-    {
-      const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
-      if (blocks.m_max <= blocks.m_min) return;  // no query sees these keys: the consumers store zeros
-      Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
-                             typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
-      Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
-                             typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
-      if (leader) {
-        auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-        auto tV = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-        barrier_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
-        copy(args.tma_k.with(smem.kv_full), get<0>(tK), get<1>(tK));
-        copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
-      }
-      for (int dh = 0; dh < group; ++dh) {
-        Tensor gQ = rows_q(mQ, h0 + dh);    // (M, D, m)
-        Tensor gdO = rows_q(mdO, h0 + dh);  // (M, D, m)
-        auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-        auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-        for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
-          barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
-          if (leader) {
-            barrier_expect_tx(&smem.q_full[state.stage], Traits::kQBytes);
-            copy(args.tma_q.with(smem.q_full[state.stage]), get<0>(tQ)(_, m_block), get<1>(tQ)(_, state.stage));
-          }
-          barrier_wait(&smem.do_empty[state.stage], state.phase ^ 1);
-          if (leader) {
-            barrier_expect_tx(&smem.do_full[state.stage], Traits::kQBytes);
-            copy(args.tma_do.with(smem.do_full[state.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state.stage));
-          }
-          state.template advance<kStages>();
+    if (blocks.m_max <= blocks.m_min) return;  // no query sees these keys: the consumers store zeros
+    Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
+                           typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
+    Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
+                           typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
+    if (leader) {
+      auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto tV = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      barrier_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
+      copy(args.tma_k.with(smem.kv_full), get<0>(tK), get<1>(tK));
+      copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
+    }
+    for (int dh = 0; dh < group; ++dh) {
+      Tensor gQ = rows_q(mQ, h0 + dh);    // (M, D, m)
+      Tensor gdO = rows_q(mdO, h0 + dh);  // (M, D, m)
+      auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
+        barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
+        if (leader) {
+          barrier_expect_tx(&smem.q_full[state.stage], Traits::kQBytes);
+          copy(args.tma_q.with(smem.q_full[state.stage]), get<0>(tQ)(_, m_block), get<1>(tQ)(_, state.stage));
         }
+        barrier_wait(&smem.do_empty[state.stage], state.phase ^ 1);
+        if (leader) {
+          barrier_expect_tx(&smem.do_full[state.stage], Traits::kQBytes);
+          copy(args.tma_do.with(smem.do_full[state.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state.stage));
+        }
+        state.template advance<kStages>();
       }
     }
     return;
@@ -192,125 +190,122 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const int dq_col0 = wg * Traits::kHalfD;
 
   PipelineState state;
-  {
-    const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
-    const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
-    clear(acc_dk);
-    clear(acc_dv);
-    if (blocks.m_max > blocks.m_min) {
-      barrier_wait(&smem.kv_full, 0);
-      // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
-      // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
-      if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
-    }
-    for (int dh = 0; blocks.m_max > blocks.m_min && dh < group; ++dh) {
-      const int head = h0 + dh;
-      const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride;
-      const float* dsum = p.softmax_d + int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
-      for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
-        const int row0 = m_block * kBlockM;
-        // LSE (as log2, +inf for rows past the sequence or that saw no key: P = 0 there) and D of this
-        // thread's query columns.
-        float lse_log2[kCols], d_col[kCols];
+  const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
+  clear(acc_dk);
+  clear(acc_dv);
+  if (blocks.m_max > blocks.m_min) {
+    barrier_wait(&smem.kv_full, 0);
+    // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
+    // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
+    if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
+  }
+  for (int dh = 0; dh < group; ++dh) {  // (no query block when none sees these keys)
+    const int head = h0 + dh;
+    const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride;
+    const float* dsum = p.softmax_d + int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
+    for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
+      const int row0 = m_block * kBlockM;
+      // LSE (as log2, +inf for rows past the sequence or that saw no key: P = 0 there) and D of this
+      // thread's query columns.
+      float lse_log2[kCols], d_col[kCols];
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const int row = row0 + get<1>(tScS(0, c));
+        const float l = row < seq.len_q ? lse[row] : INFINITY;
+        lse_log2[c] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
+        d_col[c] = row < seq.len_q ? dsum[row] : 0.f;
+      }
+      barrier_wait(&smem.q_full[state.stage], state.phase);
+      Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
+      Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, state.stage), acc_s);
+      barrier_wait(&smem.do_full[state.stage], state.phase);
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.stage), acc_dp);
+      warpgroup_wait<0>();
+
+      Tensor St = rowcol_view(acc_s);    // (keys, queries)
+      Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
+      const bool masked = m_block < blocks.m_unmasked_min;
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(St); ++r) {
+        const int key = key0 + get<0>(tScS(r, 0));
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          const int row = row0 + get<1>(tScS(0, c));
-          const float l = row < seq.len_q ? lse[row] : INFINITY;
-          lse_log2[c] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
-          d_col[c] = row < seq.len_q ? dsum[row] : 0.f;
+          const int row = row0 + get<1>(tScS(r, c));
+          // Rows past the sequence too: S^T and dP^T there may be NaN (varlen rows after the last
+          // sequence), which 0 x NaN would carry on.
+          const bool hidden = row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
+          const float pt = hidden ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2[c]);
+          St(r, c) = pt;                                         // P^T
+          dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - d_col[c]);  // dS^T
         }
-        barrier_wait(&smem.q_full[state.stage], state.phase);
-        Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
-        Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
-        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, state.stage), acc_s);
-        barrier_wait(&smem.do_full[state.stage], state.phase);
-        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.stage), acc_dp);
-        warpgroup_wait<0>();
-
-        Tensor St = rowcol_view(acc_s);    // (keys, queries)
-        Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-        const bool masked = m_block < blocks.m_unmasked_min;
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(St); ++r) {
-          const int key = key0 + get<0>(tScS(r, 0));
-          CUTE_UNROLL
-          for (int c = 0; c < kCols; ++c) {
-            const int row = row0 + get<1>(tScS(r, c));
-            // Rows past the sequence too: S^T and dP^T there may be NaN (varlen rows after the last
-            // sequence), which 0 x NaN would carry on.
-            const bool hidden = row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
-            const float pt = hidden ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2[c]);
-            St(r, c) = pt;                                         // P^T
-            dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - d_col[c]);  // dS^T
-          }
-        }
-        // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them
-      // (their S^T and dP^T columns are already 0); both warpgroups share the work, kdSRead orders it.
-      if (varlen && row0 + kBlockM > seq.len_q) {
-        const int valid = max(0, seq.len_q - row0);
-        zero_rows(sQ(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
-        zero_rows(sdO(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
       }
-      Tensor rP = convert_fragment<Element>(acc_s);
-        Tensor rdS = convert_fragment<Element>(acc_dp);
-        Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
-        Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
+      // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them
+    // (their S^T and dP^T columns are already 0); both warpgroups share the work, kdSRead orders it.
+    if (varlen && row0 + kBlockM > seq.len_q) {
+      const int valid = max(0, seq.len_q - row0);
+      zero_rows(sQ(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      zero_rows(sdO(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+    }
+    Tensor rP = convert_fragment<Element>(acc_s);
+      Tensor rdS = convert_fragment<Element>(acc_dp);
+      Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
+      Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
 
-        // dS^T into shared memory for dQ, once the last step's dQ GEMMs of both warpgroups have read it.
-        named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSRead));
-        cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), tdSsdS);
-        cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
+      // dS^T into shared memory for dQ, once the last step's dQ GEMMs of both warpgroups have read it.
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSRead));
+      cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), tdSsdS);
+      cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
 
-        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, state.stage), acc_dv);
-        wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, state.stage), acc_dk);
-        named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
-        Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
-        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
-        warpgroup_wait<0>();  // dV, dK and dQ are done: Q[m] and dO[m] may go
-        if (release_thread) {
-          barrier_arrive(&smem.q_empty[state.stage]);
-          barrier_arrive(&smem.do_empty[state.stage]);
-        }
-        state.template advance<kStages>();
+      wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, state.stage), acc_dv);
+      wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, state.stage), acc_dk);
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+      warpgroup_wait<0>();  // dV, dK and dQ are done: Q[m] and dO[m] may go
+      if (release_thread) {
+        barrier_arrive(&smem.q_empty[state.stage]);
+        barrier_arrive(&smem.do_empty[state.stage]);
+      }
+      state.template advance<kStages>();
 
-        // dQ += this block's share (fp32 reductions; the conversion scales by softmax_scale).
-        Tensor dQ = rowcol_view(acc_dq);  // (queries, D / 2 columns)
-        Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));
+      // dQ += this block's share (fp32 reductions; the conversion scales by softmax_scale).
+      Tensor dQ = rowcol_view(acc_dq);  // (queries, D / 2 columns)
+      Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dQ); ++r) {
+        const int row = row0 + get<0>(tdQcdQ(r, 0));
+        if (row >= seq.len_q) continue;
+        float* dq_row = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, head, seq.offset_q(p.seqlen_q, 1, bidb) + row) + dq_col0;
         CUTE_UNROLL
-        for (int r = 0; r < size<0>(dQ); ++r) {
-          const int row = row0 + get<0>(tdQcdQ(r, 0));
-          if (row >= seq.len_q) continue;
-          float* dq_row = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, head, seq.offset_q(p.seqlen_q, 1, bidb) + row) + dq_col0;
-          CUTE_UNROLL
-          for (int c = 0; c < size<1>(dQ); c += 2) {
-            const int col = get<1>(tdQcdQ(r, c));
-            if (dq_col0 + col < p.head_dim) red_add_global_x2(dq_row + col, dQ(r, c), dQ(r, c + 1));
-          }
+        for (int c = 0; c < size<1>(dQ); c += 2) {
+          const int col = get<1>(tdQcdQ(r, c));
+          if (dq_col0 + col < p.head_dim) red_add_global_x2(dq_row + col, dQ(r, c), dQ(r, c + 1));
         }
       }
     }
+  }
 
-    // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.
-    Tensor dK = rowcol_view(acc_dk);  // (keys, D)
-    Tensor dV = rowcol_view(acc_dv);  // (keys, D)
-    Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));
-    Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
-    Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
+  // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.
+  Tensor dK = rowcol_view(acc_dk);  // (keys, D)
+  Tensor dV = rowcol_view(acc_dv);  // (keys, D)
+  Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));
+  Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(dK); ++r) {
+    const int key = key0 + get<0>(tdKcdK(r, 0));
+    if (key >= seq.len_k) continue;
     CUTE_UNROLL
-    for (int r = 0; r < size<0>(dK); ++r) {
-      const int key = key0 + get<0>(tdKcdK(r, 0));
-      if (key >= seq.len_k) continue;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(dK); c += 2) {
-        const int col = get<1>(tdKcdK(r, c));
-        if (col >= p.head_dim) continue;
-        using Pair = cutlass::Array<Element, 2>;
-        Pair k2, v2;
-        k2[0] = Element(dK(r, c) * p.softmax_scale), k2[1] = Element(dK(r, c + 1) * p.softmax_scale);
-        v2[0] = Element(dV(r, c)), v2[1] = Element(dV(r, c + 1));
-        *reinterpret_cast<Pair*>(dk + int64_t(key) * p.dk_row_stride + col) = k2;
-        *reinterpret_cast<Pair*>(dv + int64_t(key) * p.dv_row_stride + col) = v2;
-      }
+    for (int c = 0; c < size<1>(dK); c += 2) {
+      const int col = get<1>(tdKcdK(r, c));
+      if (col >= p.head_dim) continue;
+      using Pair = cutlass::Array<Element, 2>;
+      Pair k2, v2;
+      k2[0] = Element(dK(r, c) * p.softmax_scale), k2[1] = Element(dK(r, c + 1) * p.softmax_scale);
+      v2[0] = Element(dV(r, c)), v2[1] = Element(dV(r, c + 1));
+      *reinterpret_cast<Pair*>(dk + int64_t(key) * p.dk_row_stride + col) = k2;
+      *reinterpret_cast<Pair*>(dv + int64_t(key) * p.dv_row_stride + col) = v2;
     }
   }
 #endif
