@@ -127,8 +127,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       Tensor gdO = rows_q(mdO, h0 + dh);  // (M, D, m)
       auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      const int head = h0 + dh;
+      const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride;
+      const float* dsum = p.softmax_d + int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
       for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
         barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
+        // The block's LSE (as log2; +inf for rows past the sequence or that saw no key, so P = 0 there) and
+        // D, staged with Q: kept in registers through the GEMMs they cost d 128 its spills.
+        for (int i = int(threadIdx.x) % 32; i < kBlockM; i += 32) {
+          const int row = m_block * kBlockM + i;
+          const float l = row < seq.len_q ? lse[row] : INFINITY;
+          smem.lse_log2[state.stage][i] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
+          smem.dsum[state.stage][i] = row < seq.len_q ? dsum[row] : 0.f;
+        }
+        __syncwarp();  // every lane's values before the leader's arrive (release) on q_full
         if (leader) {
           barrier_expect_tx(&smem.q_full[state.stage], Traits::kQBytes);
           copy(args.tma_q.with(smem.q_full[state.stage]), get<0>(tQ)(_, m_block), get<1>(tQ)(_, state.stage));
@@ -201,20 +213,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   }
   for (int dh = 0; dh < group; ++dh) {  // (no query block when none sees these keys)
     const int head = h0 + dh;
-    const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride;
-    const float* dsum = p.softmax_d + int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
     for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
       const int row0 = m_block * kBlockM;
-      // LSE (as log2, +inf for rows past the sequence or that saw no key: P = 0 there) and D of this
-      // thread's query columns.
-      float lse_log2[kCols], d_col[kCols];
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int row = row0 + get<1>(tScS(0, c));
-        const float l = row < seq.len_q ? lse[row] : INFINITY;
-        lse_log2[c] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
-        d_col[c] = row < seq.len_q ? dsum[row] : 0.f;
-      }
       barrier_wait(&smem.q_full[state.stage], state.phase);
       Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
       Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
@@ -235,9 +235,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
           // Rows past the sequence too: S^T and dP^T there may be NaN (varlen rows after the last
           // sequence), which 0 x NaN would carry on.
           const bool hidden = row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
-          const float pt = hidden ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2[c]);
-          St(r, c) = pt;                                         // P^T
-          dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - d_col[c]);  // dS^T
+          const int i = get<1>(tScS(r, c));
+          const float pt = hidden ? 0.f : fast_exp2(St(r, c) * scale_log2 - smem.lse_log2[state.stage][i]);
+          St(r, c) = pt;                                                        // P^T
+          dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - smem.dsum[state.stage][i]);  // dS^T
         }
       }
       // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them
