@@ -46,6 +46,7 @@ struct Kernels {
   FwdLauncher fwd_sm80;
   FwdLauncher fwd_sm90;
   BwdLauncher bwd;
+  BwdLauncher bwd_sm90;
 };
 
 // Naming launch_fwd<D, T> instantiates nothing here: the reference binds to the explicit instantiation
@@ -56,9 +57,11 @@ constexpr Kernels kernels_for() {
     FwdLauncher fwd_sm80 = nullptr, fwd_sm90 = nullptr;
     if constexpr (FLASH_ATTN2_COMPILED_SM80_FWD) fwd_sm80 = &launch_fwd<kHeadDim, kDType>;
     if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD) fwd_sm90 = &launch_fwd_sm90<kHeadDim, kDType>;
-    return {fwd_sm80, fwd_sm90, &launch_bwd<kHeadDim, kDType>};
+    BwdLauncher bwd_sm90 = nullptr;
+    if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD && has_bwd_sm90(kHeadDim)) bwd_sm90 = &launch_bwd_sm90<kHeadDim, kDType>;
+    return {fwd_sm80, fwd_sm90, &launch_bwd<kHeadDim, kDType>, bwd_sm90};
   } else {
-    return {nullptr, nullptr, nullptr};
+    return {nullptr, nullptr, nullptr, nullptr};
   }
 }
 
@@ -237,7 +240,20 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
-  if (cudaError_t err = kernels(bucket, p.dtype).bwd(p, stream)) return fail(err, cudaGetErrorString(err));
+  // The Hopper backward on an sm_90 GPU where built for this head dim, but for deterministic mode,
+  // FLASH_ATTN2_BACKEND=sm80, and a dout whose strides TMA cannot take (zero, e.g. expanded over heads).
+  const Kernels& k = kernels(bucket, p.dtype);
+  const char* env = std::getenv("FLASH_ATTN2_BACKEND");
+  const std::string backend = env == nullptr ? "" : env;
+  if (!backend.empty() && backend != "auto" && backend != "sm80" && backend != "sm90") {
+    return fail(cudaErrorInvalidValue, "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'");
+  }
+  const bool sm80_asked = backend == "sm80";
+  const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
+                           (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
+  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && !sm80_asked && tma_strides && device_is_sm90();
+  const BwdLauncher bwd = sm90 ? k.bwd_sm90 : k.bwd;
+  if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

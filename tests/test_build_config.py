@@ -48,7 +48,8 @@ def test_max_jobs_respects_cores_and_memory():
 def test_kernel_sources_exist():
     sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), cfg.selected_head_dims({}), cfg.selected_dtypes({}),
                                  ("sm80", "sm90"))
-    assert len(sources) == 3 * 16 + 1 and all(os.path.isfile(s) for s in sources)
+    # SM80 and Hopper forward and SM80 backward per (head dim, dtype), the Hopper backward at its head dims.
+    assert len(sources) == 3 * 16 + 2 * len(cfg.BWD_SM90_HEAD_DIMS) + 1 and all(os.path.isfile(s) for s in sources)
 
 
 def fake_nvcc(tmp_path, release):

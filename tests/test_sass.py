@@ -21,7 +21,8 @@ def _cuobjdump():
     return candidate if os.path.isfile(candidate) else None
 
 
-def test_hopper_forward_kernels_use_wgmma():
+def _hopper_kernels(kernel_name):
+    """{name: SASS} of the built library's kernels called kernel_name."""
     if "sm_90a" not in _ops.ext.built_archs.split(";"):
         pytest.skip(f"built for {_ops.ext.built_archs}, not sm_90a")
     tool = _cuobjdump()
@@ -31,11 +32,23 @@ def test_hopper_forward_kernels_use_wgmma():
     kernels = {}
     for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
         name, _, body = chunk.partition("\n")
-        if "fwd_kernel_sm90" in name:
+        if kernel_name + "<" in name or f"{len(kernel_name)}{kernel_name}I" in name:  # demangled or mangled
             kernels[name.strip()] = body
-    compiled = sum(len(set(_ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) for d in range(32, 257, 32))
-                       - {0}) for dtype in (torch.float16, torch.bfloat16))
-    assert len(kernels) == compiled, f"{len(kernels)} Hopper forward kernels for {compiled} compiled (head dim, dtype)"
+    return kernels
+
+
+def _check_wgmma(kernels, head_dims, what):
+    compiled = sum(_ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d
+                   for d in head_dims for dtype in (torch.float16, torch.bfloat16))
+    assert len(kernels) == compiled, f"{len(kernels)} Hopper {what} kernels for {compiled} compiled (head dim, dtype)"
     for name, body in kernels.items():
         assert "HGMMA" in body, f"{name}: no HGMMA"
         assert not re.search(r"\bHMMA\b", body), f"{name}: HMMA (mma.sync) in a Hopper kernel"
+
+
+def test_hopper_forward_kernels_use_wgmma():
+    _check_wgmma(_hopper_kernels("fwd_kernel_sm90"), range(32, 257, 32), "forward")
+
+
+def test_hopper_backward_kernels_use_wgmma():
+    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), (64, 128), "backward")

@@ -22,6 +22,11 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
+// The Hopper backward (sm_90a), csrc/kernels/sm90/bwd_launch_sm90.h: built with the Hopper forward, for
+// these head dims (_build_config.BWD_SM90_HEAD_DIMS); not for deterministic mode.
+constexpr bool has_bwd_sm90(int head_dim) { return head_dim == 64 || head_dim == 128; }
+template <int kHeadDim, DType kDType>
+cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 
 // softmax_d = rowsum(dout o out) in fp32 before the main kernel; also clears the dq accumulator and the
 // gradient rows outside every varlen sequence.

@@ -29,26 +29,33 @@ struct QueryTile {
   int rank, ranks;  // this block's slot among the head's `ranks` slots
 };
 
-template <int kBlockM>
+// kKeys: the same over key rows and kv heads (cu_seqlens_k, total_k, num_heads_k, seqlen_k), for the Hopper
+// backward's key blocks; a Tile's m_block and bidh are then the key block and the kv head.
+template <int kBlockM, bool kKeys = false>
 struct QueryTileScheduler {
   using Tile = QueryTile;
 
+  __host__ __device__ static const int* cu_seqlens(const FwdParams& p) { return kKeys ? p.cu_seqlens_k : p.cu_seqlens_q; }
+  __host__ __device__ static int64_t total(const FwdParams& p) { return kKeys ? p.total_k : p.total_q; }
+  __host__ __device__ static int heads(const FwdParams& p) { return kKeys ? p.num_heads_k : p.num_heads; }
+  __host__ __device__ static int seqlen(const FwdParams& p) { return kKeys ? p.seqlen_k : p.seqlen_q; }
+
   __host__ __device__ static int64_t slots_per_head(const FwdParams& p) {
-    return p.cu_seqlens_q != nullptr ? p.total_q / kBlockM + p.batch
-                                     : int64_t(p.batch) * ((p.seqlen_q + kBlockM - 1) / kBlockM);
+    return cu_seqlens(p) != nullptr ? total(p) / kBlockM + p.batch
+                                    : int64_t(p.batch) * ((seqlen(p) + kBlockM - 1) / kBlockM);
   }
 
-  __host__ __device__ static int64_t num_blocks(const FwdParams& p) { return slots_per_head(p) * p.num_heads; }
+  __host__ __device__ static int64_t num_blocks(const FwdParams& p) { return slots_per_head(p) * heads(p); }
 
   __device__ static Tile get(const FwdParams& p) { return get(p, int(blockIdx.x)); }
 
   // Slot `block` of the grid's order; a persistent kernel walks several.
   __device__ static Tile get(const FwdParams& p, int block) {
-    if (p.cu_seqlens_q == nullptr) {
-      const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    if (cu_seqlens(p) == nullptr) {
+      const int num_m_blocks = (seqlen(p) + kBlockM - 1) / kBlockM;
       const int rank = block % num_m_blocks;
-      const int bidh = block / num_m_blocks % p.num_heads;
-      const int bidb = block / num_m_blocks / p.num_heads;
+      const int bidh = block / num_m_blocks % heads(p);
+      const int bidb = block / num_m_blocks / heads(p);
       return {bidb, bidh, num_m_blocks - 1 - rank, true, true, bidb * num_m_blocks + rank, p.batch * num_m_blocks};
     }
     // Sequence b's blocks are [heads * first_slot(b), heads * first_slot(b + 1)), head-major; b = -1 and
@@ -57,20 +64,20 @@ struct QueryTileScheduler {
     const int bidb = sequence_of_block(p, block);
     const int first = bidb < 0 ? 0 : first_slot(p, bidb);
     const int slots = (bidb == p.batch ? ranks : first_slot(p, bidb + 1)) - first;  // < 1: bad cu_seqlens
-    const int r = block - p.num_heads * first;
+    const int r = block - heads(p) * first;
     const int bidh = slots > 0 ? r / slots : -1, j = slots > 0 ? r % slots : -1;  // this sequence's j-th slot
     int num_tiles = 0;
     if (0 <= bidb && bidb < p.batch) {
-      const RowRange rows = packed_rows(p.cu_seqlens_q, bidb, p.total_q);
+      const RowRange rows = packed_rows(cu_seqlens(p), bidb, total(p));
       num_tiles = int((rows.end - rows.begin + kBlockM - 1) / kBlockM);
     }
-    const bool owns_slot = 0 <= bidh && bidh < p.num_heads && first + j < ranks;
+    const bool owns_slot = 0 <= bidh && bidh < heads(p) && first + j < ranks;
     return {bidb, bidh, num_tiles - 1 - j, owns_slot && j < num_tiles, owns_slot, first + j, ranks};
   }
 
  private:
   __device__ static int first_slot(const FwdParams& p, int b) {
-    return int(clamp_row(p.cu_seqlens_q[b], 0, p.total_q) / kBlockM) + b;
+    return int(clamp_row(cu_seqlens(p)[b], 0, total(p)) / kBlockM) + b;
   }
 
   // The last b in 0..batch with heads * first_slot(b) <= block, or -1. Every warp searches, 32
@@ -81,13 +88,13 @@ struct QueryTileScheduler {
     while (span > 1) {
       const int stride = (span + 31) / 32;
       const int b = lo + lane * stride;
-      const bool at_or_before = b < lo + span && int64_t(p.num_heads) * first_slot(p, b) <= block;
+      const bool at_or_before = b < lo + span && int64_t(heads(p)) * first_slot(p, b) <= block;
       const unsigned ballot = __ballot_sync(0xffffffffu, at_or_before);
       const int k = ballot ? 31 - __clz(ballot) : 0;
       lo += k * stride;
       span = min(stride, span - k * stride);
     }
-    return int64_t(p.num_heads) * first_slot(p, lo) <= block ? lo : -1;
+    return int64_t(heads(p)) * first_slot(p, lo) <= block ? lo : -1;
   }
 };
 

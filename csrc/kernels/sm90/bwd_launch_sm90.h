@@ -1,0 +1,77 @@
+// Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
+// fp32 accumulator. The preprocess (D = rowsum(dO o O), zeroed dq_accum) runs before, as for SM80.
+// Draft: compiled, not yet run on a GPU, not yet wired into the build.
+#pragma once
+
+#include <climits>
+
+#include "common/registry.h"
+#include "sm90/bwd_kernel_sm90.h"
+#include "sm90/fwd_launch_sm90.h"  // make_tma
+#include "sm90/tma_encode.h"
+
+namespace flash_attn2 {
+
+// dQ = softmax_scale * accumulator, in the input dtype: 8 elements (16 bytes out) per thread and step.
+template <int kHeadDim, typename Element>
+__global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
+  constexpr int kVecsPerRow = kHeadDim / 8;
+  const int64_t vecs = int64_t(p.num_heads) * p.total_q * kVecsPerRow;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
+    const int col = int(i % kVecsPerRow) * 8;
+    const int64_t packed_row = i / kVecsPerRow % p.total_q;
+    const int head = int(i / kVecsPerRow / p.total_q);
+    if (col >= p.head_dim) continue;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + sm90::dq_accum_offset_sm90<kHeadDim>(p, head, packed_row) + col);
+    const float4 a = src[0], b = src[1];
+    cutlass::Array<Element, 8> out;
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * p.softmax_scale);
+    const int64_t row_offset = varlen ? packed_row * p.dq_row_stride
+                                      : packed_row / p.seqlen_q * p.dq_batch_stride + packed_row % p.seqlen_q * p.dq_row_stride;
+    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.dq) + row_offset + head * p.dq_head_stride + col) = out;
+  }
+}
+
+template <int kHeadDim, DType kDType>
+cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
+  using Traits = BwdTraitsSm90<kHeadDim, ElementOf<kDType>>;
+  if (p.num_splits > 0) return cudaErrorNotSupported;  // deterministic mode: the SM80 backward
+  const int64_t num_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
+  if (num_blocks == 0) return cudaSuccess;
+  if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
+  auto kernel = &bwd_kernel_sm90<Traits>;
+  if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
+  const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
+  sm90::tma_encode_failed = false;
+  using cute::SM90_TMA_LOAD;
+  const auto smem_q = cute::take<0, 2>(typename Traits::SmemLayoutQ{});
+  BwdArgsSm90<Traits> args{
+      p,
+      sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.q, shape_q, p.q_row_stride, p.q_head_stride,
+                                                    p.q_batch_stride, smem_q, typename Traits::TileQ{}),
+      sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.dout, shape_q, p.do_row_stride, p.do_head_stride,
+                                                    p.do_batch_stride, smem_q, typename Traits::TileQ{}),
+      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.k, shape_k, p.k_row_stride, p.k_head_stride,
+                                                     p.k_batch_stride, typename Traits::SmemLayoutKV{}, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
+                                                     p.v_batch_stride, typename Traits::SmemLayoutKV{}, typename Traits::TileKV{}),
+  };
+  if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
+  kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
+  if (cudaError_t err = cudaGetLastError()) return err;
+
+  const int64_t vecs = int64_t(p.num_heads) * p.total_q * (kHeadDim / 8);
+  const int64_t convert_blocks = vecs > 0 ? std::min<int64_t>((vecs + 255) / 256, 65536) : 0;
+  if (convert_blocks > 0) {
+    convert_dq_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(convert_blocks), 256, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flash_attn2
+
+#define FLASH_ATTN2_INSTANTIATE_BWD_SM90(HEAD_DIM, DTYPE) \
+  template cudaError_t flash_attn2::launch_bwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, cudaStream_t);

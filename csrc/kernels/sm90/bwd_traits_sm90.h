@@ -1,0 +1,103 @@
+// Types of one Hopper backward kernel (head dim <= 128): tiles and warpgroups, the five wgmma shapes,
+// shared-memory layouts and storage, TMA descriptors, and the kernel's arguments.
+//
+// A block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams kBlockM = 64 query rows past
+// them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T and
+// dP^T = V dO^T (64 x 64), so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
+// dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
+// memory, and each warpgroup computes half of dQ's head-dim columns.
+#pragma once
+
+// wgmma N = 80, 112, ... must come before any CuTe header (see fwd_traits_sm90.h).
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "flash_attn2/flash_attn2.h"
+#include "common/tile_scheduler.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim_, typename Element_>
+struct BwdTraitsSm90 {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 2;
+  static constexpr int kConsumerWarpgroups = kBlockN / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kNThreads = 128 + kConsumerThreads;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
+  static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
+
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
+  using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
+  using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfD>>;  // one warpgroup's dQ columns
+
+  // One warpgroup each (warpgroups run their own GEMMs on their own keys).
+  // S^T, dP^T = (64 keys, M) += (64, D) (M, D)^T: both K-major in shared memory.
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kBlockM>, cute::Int<kHeadDim>>>()));
+  // dV, dK = (64 keys, D) += P^T / dS^T (64, M) from registers, dO / Q as the (D, M) MN-major operand.
+  using TiledMmadKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  // dQ half = (M, D / 2) += dS (M, 128 keys) K (128 keys, D / 2): dS read MN-major from dS^T, K MN-major.
+  using TiledMmadQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfD>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>()));
+  static_assert(cute::tile_size<1>(TiledMmaSdP{}) == kBlockM && cute::tile_size<1>(TiledMmadKV{}) == kHeadDim &&
+                cute::tile_size<1>(TiledMmadQ{}) == kHalfD, "each product must be one wgmma wide");
+
+  // Rows of head_dim elements (Q, dO, K, V), K-major: 128-byte swizzle at head dims that are multiples of
+  // 64, else 64-byte.
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // also dO
+  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
+  // The (D, M) MN-major views of Q and dO, and the (D, keys) view of K, as B operands.
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                                cute::Step<cute::_2, cute::_1>{})));
+  // dS as dQ's A operand (M, 128 keys), M-major; the warpgroups write it through the (keys, M) view.
+  using SmemLayoutdS = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                    cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+  using SmemLayoutdSt = decltype(cute::composition(
+      SmemLayoutdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
+                                                cute::Step<cute::_2, cute::_1>{})));
+
+  using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                            cute::take<0, 2>(SmemLayoutQ{}), TileQ{}, cute::_1{}));  // also dO
+  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{}, TileKV{}, cute::_1{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds;
+    float lse_log2[kStages][kBlockM], dsum[kStages][kBlockM];  // per query row of the Q / dO stage
+    uint64_t kv_full;
+    uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+template <class Traits>
+struct BwdArgsSm90 {
+  BwdParams params;
+  typename Traits::TmaQ tma_q, tma_do;
+  typename Traits::TmaKV tma_k, tma_v;
+};
+
+}  // namespace flash_attn2
