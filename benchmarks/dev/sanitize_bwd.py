@@ -1,0 +1,13 @@
+# A few small backward calls (fixed and varlen, causal and not, GQA) for compute-sanitizer.
+import torch
+from flash_attn2 import flash_attn_func, flash_attn_varlen_func
+for d in (64, 128):
+    for causal in (False, True):
+        q = torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        flash_attn_func(q, k, v, causal=causal).sum().backward()
+        cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
+        qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal).sum().backward()
+torch.cuda.synchronize()
+print("small: ok")
