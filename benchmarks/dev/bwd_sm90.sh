@@ -20,9 +20,9 @@ echo "built in $(( $(date +%s) - s )) s"; grep -A1 "bwd_kernel_sm90\|BwdKernelSm
 timeout ${TEST_S:-200} python3 -m pytest ${TESTS:-tests/test_backward.py tests/test_varlen_safety.py tests/test_sass.py} -q --maxfail=10 -p no:cacheprovider > $OUT/pytest.log 2>&1
 grep -E "^(FAILED|ERROR)|Error|assert" $OUT/pytest.log | head -20; tail -2 $OUT/pytest.log
 if [ -n "${SAN:-}" ]; then
-  for tool in memcheck racecheck synccheck; do
-    PYTHONPATH=$PWD timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/sanitize_bwd.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
-  done
+  for script in ${SAN_SCRIPTS:-sanitize_bwd}; do for tool in memcheck racecheck synccheck; do
+    echo "$script $tool:"; PYTHONPATH=$PWD timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/$script.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
+  done; done
 fi
 [ -n "${BENCH:-}" ] || exit 0
 cd /tmp && PYTHONPATH=$OLDPWD timeout 200 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" \

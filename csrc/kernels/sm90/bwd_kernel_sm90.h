@@ -1,12 +1,12 @@
 // FlashAttention backward on Hopper (sm_90a), head dim <= 128: TMA loads, wgmma, warp specialization.
-// Draft: compiled, not yet run on a GPU.
 //
 // One block per (128-key block, batch, kv head). Warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] and dO[m] into a
-// two-stage ring. Each further warpgroup owns 64 of the keys:
+// two-stage ring; its second warp adds each step's dQ share to the fp32 accumulator (TMA reduce-add).
+// Each further warpgroup owns 64 of the keys:
 //   S^T = K Q^T, dP^T = V dO^T -> mask -> P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
-//   dQ[:, own half of D] = dS K (fp32 reductions into dq_accum, scaled and converted by a second kernel).
+//   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (scaled and converted by a second kernel).
 // dK and dV of the group's heads sum in registers; dK is scaled at the end.
 #pragma once
 
@@ -27,8 +27,9 @@ namespace flash_attn2 {
 
 namespace sm90 {
 
-// Named barrier ids (above CUTLASS's reserved ones and the forward's).
-enum class BwdBarrier : int { kdSWritten = 6, kdSRead = 7 };
+// Named barrier ids (above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer warpgroup
+// w with the dQ writer warp.
+enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kdQFull0 = 2, kdQEmpty0 = 4 };
 
 // The Hopper dQ accumulator: fp32, (heads, total_q rows, kHeadDim) row-major, zeroed by the preprocess
 // (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
@@ -46,10 +47,6 @@ __device__ void zero_rows(Tensor&& t, int first, int thread, int threads) {
     *reinterpret_cast<uint4*>(cute::raw_pointer_cast(&t(first + i / kChunks, i % kChunks * 8))) = uint4{0, 0, 0, 0};
   }
   cutlass::arch::fence_view_async_shared();
-}
-
-__device__ __forceinline__ void red_add_global_x2(float* ptr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
 }
 
 }  // namespace sm90
@@ -93,9 +90,38 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch_index = varlen ? 0 : bidb;
 
+  const int steps = group * max(0, blocks.m_max - blocks.m_min);  // (head, query block) pairs, same order for all roles
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x / 32 != 0) return;
+    const int warp = int(threadIdx.x) / 32;
+    if (warp == 1) {  // dQ writer: each step's two shares, added to dq_accum once staged
+      Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1));  // (rows, D, heads, 1)
+      const int first_row = int(seq.offset_q(p.seqlen_q, 1, bidb));
+      for (int step = 0; step < steps; ++step) {
+        const int head = h0 + step / (blocks.m_max - blocks.m_min);
+        const int m_block = blocks.m_max - 1 - step % (blocks.m_max - blocks.m_min);
+        CUTE_UNROLL
+        for (int w = 0; w < kGroups; ++w) {
+          Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{});  // (M, D / 2)
+          Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
+                                  typename Traits::TiledQ{}, make_coord(m_block, w));  // (M, D / 2)
+          auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+          named_barrier_sync(128 + 32, int(BwdBarrier::kdQFull0) + w);
+          if (cute::elect_one_sync()) {
+            copy(args.tma_dq, get<1>(tdQ), get<0>(tdQ));
+            tma_store_arrive();
+          }
+        }
+        if (cute::elect_one_sync()) tma_store_wait<0>();  // the shares are read: the warpgroups may refill them
+        __syncwarp();
+        if (step + 1 < steps) {
+          CUTE_UNROLL
+          for (int w = 0; w < kGroups; ++w) named_barrier_arrive(128 + 32, int(BwdBarrier::kdQEmpty0) + w);
+        }
+      }
+      return;
+    }
+    if (warp != 0) return;
     const bool leader = cute::elect_one_sync();
     Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));    // (rows, D, heads, batch) coordinates
     Tensor mdO = args.tma_do.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch)
@@ -110,7 +136,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
                         typename Traits::TileQ{}, make_coord(_, _0{}));
     };
     PipelineState state;
-    if (blocks.m_max <= blocks.m_min) return;  // no query sees these keys: the consumers store zeros
+    if (steps == 0) return;  // no query sees these keys: the consumers store zeros
     Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
                            typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
     Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
@@ -170,9 +196,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D)
   Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
                           Shape<Int<Traits::kHalfD>, Int<kBlockN>>{}, make_coord(wg, _0{}));  // (D / 2, N): own dQ columns
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdS{});   // (M, N)
-  Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutdSt{}),
-                            Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
+  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[wg].data()), typename Traits::SmemLayoutdQ{});  // (M, D / 2)
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
@@ -186,7 +210,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);  // (MMA, MMA_M, MMA_D, stages)
   Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_D, MMA_M, stages)
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, stages)
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_N)
   Tensor tdQrK = thr_dq.partition_fragment_B(sKt);     // (MMA, MMA_D / 2, MMA_N)
   Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::TileKVWarpgroup{});  // (MMA, 1, MMA_D)
   Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::TileKVWarpgroup{});  // (MMA, 1, MMA_D)
@@ -197,94 +220,96 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const int diag = seq.len_k - seq.len_q;
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
-  Tensor tdSsdS = smem_thr_ds.partition_D(sdStw);  // (CPY, CPY_N, CPY_M)
+  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<64>, float>{}, mma_dq);
+  auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
+  Tensor tdQsdQ = smem_thr_dq.partition_D(sdQ);  // (CPY, CPY_M, CPY_D)
   const bool release_thread = thread == 0;
-  const int dq_col0 = wg * Traits::kHalfD;
 
   PipelineState state;
   const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
   clear(acc_dk);
   clear(acc_dv);
-  if (blocks.m_max > blocks.m_min) {
+  if (steps > 0) {
     barrier_wait(&smem.kv_full, 0);
     // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
     // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
     if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   }
-  for (int dh = 0; dh < group; ++dh) {  // (no query block when none sees these keys)
-    const int head = h0 + dh;
-    for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
-      const int row0 = m_block * kBlockM;
-      barrier_wait(&smem.q_full[state.stage], state.phase);
-      Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
-      Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
-      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, state.stage), acc_s);
-      barrier_wait(&smem.do_full[state.stage], state.phase);
-      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, state.stage), acc_dp);
-      warpgroup_wait<0>();
-
-      Tensor St = rowcol_view(acc_s);    // (keys, queries)
-      Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-      const bool masked = m_block < blocks.m_unmasked_min;
+  for (int step = 0; step < steps; ++step) {
+    const int m_block = blocks.m_max - 1 - step % (blocks.m_max - blocks.m_min);
+    const int row0 = m_block * kBlockM, stage = state.stage;
+    // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs.
+    barrier_wait(&smem.q_full[stage], state.phase);
+    Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+    barrier_wait(&smem.do_full[stage], state.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+    Tensor St = rowcol_view(acc_s);    // (keys, queries)
+    Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
+    const bool masked = m_block < blocks.m_unmasked_min;
+    // Rows past the sequence count as hidden too: their S^T and dP^T may be NaN (varlen rows after the last
+    // sequence), which 0 x NaN would carry on.
+    auto hidden = [&](int r, int c) {
+      const int key = key0 + get<0>(tScS(r, 0)), row = row0 + get<1>(tScS(r, c));
+      return row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
+    };
+    warpgroup_wait<1>();
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float lse_log2 = smem.lse_log2[stage][get<1>(tScS(0, c))];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(St); ++r) {
-        const int key = key0 + get<0>(tScS(r, 0));
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int row = row0 + get<1>(tScS(r, c));
-          // Rows past the sequence too: S^T and dP^T there may be NaN (varlen rows after the last
-          // sequence), which 0 x NaN would carry on.
-          const bool hidden = row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
-          const int i = get<1>(tScS(r, c));
-          const float pt = hidden ? 0.f : fast_exp2(St(r, c) * scale_log2 - smem.lse_log2[state.stage][i]);
-          St(r, c) = pt;                                                        // P^T
-          dPt(r, c) = hidden ? 0.f : pt * (dPt(r, c) - smem.dsum[state.stage][i]);  // dS^T
-        }
+        St(r, c) = hidden(r, c) ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2);  // P^T
       }
-      // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them
-    // (their S^T and dP^T columns are already 0); both warpgroups share the work, kdSRead orders it.
+    }
+    warpgroup_wait<0>();
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      const float dsum = smem.dsum[stage][get<1>(tScS(0, c))];
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(St); ++r) dPt(r, c) = hidden(r, c) ? 0.f : St(r, c) * (dPt(r, c) - dsum);  // dS^T
+    }
+    // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their
+    // P^T and dS^T columns are 0), once both warpgroups' S^T and dP^T are done with them.
     if (varlen && row0 + kBlockM > seq.len_q) {
       const int valid = max(0, seq.len_q - row0);
-      zero_rows(sQ(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
-      zero_rows(sdO(_, _, state.stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kTail));
+      zero_rows(sQ(_, _, stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      zero_rows(sdO(_, _, stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kTail));
     }
+
+    // dV += P^T dO and dK += dS^T Q from registers while dS^T goes to shared memory for dQ = dS K. The
+    // dS^T buffer of this stage was last read by dQ two steps ago, which both warpgroups had waited for
+    // before last step's kdSWritten.
     Tensor rP = convert_fragment<Element>(acc_s);
-      Tensor rdS = convert_fragment<Element>(acc_dp);
-      Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
-      Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
-
-      // dS^T into shared memory for dQ, once the last step's dQ GEMMs of both warpgroups have read it.
-      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSRead));
-      cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), tdSsdS);
-      cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
-
-      wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, state.stage), acc_dv);
-      wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, state.stage), acc_dk);
-      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
-      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
-      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
-      warpgroup_wait<0>();  // dV, dK and dQ are done: Q[m] and dO[m] may go
-      if (release_thread) {
-        barrier_arrive(&smem.q_empty[state.stage]);
-        barrier_arrive(&smem.do_empty[state.stage]);
-      }
-      state.template advance<kStages>();
-
-      // dQ += this block's share (fp32 reductions; the conversion scales by softmax_scale).
-      Tensor dQ = rowcol_view(acc_dq);  // (queries, D / 2 columns)
-      Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(dQ); ++r) {
-        const int row = row0 + get<0>(tdQcdQ(r, 0));
-        if (row >= seq.len_q) continue;
-        float* dq_row = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, head, seq.offset_q(p.seqlen_q, 1, bidb) + row) + dq_col0;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(dQ); c += 2) {
-          const int col = get<1>(tdQcdQ(r, c));
-          if (dq_col0 + col < p.head_dim) red_add_global_x2(dq_row + col, dQ(r, c), dQ(r, c + 1));
-        }
-      }
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
+    Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[stage].data()), typename Traits::SmemLayoutdS{});  // (M, N)
+    Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[stage].data()), typename Traits::SmemLayoutdSt{}),
+                              Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
+    cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));
+    cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
+    named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+    warpgroup_wait<0>();  // dV, dK and dQ are done: Q[m] and dO[m] may go
+    if (release_thread) {
+      barrier_arrive(&smem.q_empty[stage]);
+      barrier_arrive(&smem.do_empty[stage]);
     }
+    state.template advance<kStages>();
+
+    // This step's dQ share to shared memory once the writer warp has sent the last one.
+    if (step > 0) named_barrier_sync(128 + 32, int(BwdBarrier::kdQEmpty0) + wg);
+    cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
+    cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
+    named_barrier_arrive(128 + 32, int(BwdBarrier::kdQFull0) + wg);
   }
 
   // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.

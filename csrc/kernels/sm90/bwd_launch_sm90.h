@@ -1,6 +1,5 @@
 // Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
 // fp32 accumulator. The preprocess (D = rowsum(dO o O), zeroed dq_accum) runs before, as for SM80.
-// Draft: compiled, not yet run on a GPU, not yet wired into the build.
 #pragma once
 
 #include <climits>
@@ -58,6 +57,9 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
                                                      p.k_batch_stride, typename Traits::SmemLayoutKV{}, typename Traits::TileKV{}),
       sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
                                                      p.v_batch_stride, typename Traits::SmemLayoutKV{}, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmadQ, float>(
+          cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
+          p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{}),
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);

@@ -5,7 +5,8 @@
 // them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T and
 // dP^T = V dO^T (64 x 64), so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
-// memory, and each warpgroup computes half of dQ's head-dim columns.
+// memory, and each warpgroup computes half of dQ's head-dim columns, which it stages in shared memory for
+// the producer's second warp to add to the fp32 accumulator with a TMA reduce-add.
 #pragma once
 
 // wgmma N = 80, 112, ... must come before any CuTe header (see fwd_traits_sm90.h).
@@ -72,11 +73,18 @@ struct BwdTraitsSm90 {
       SmemLayoutdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));
 
+  // One warpgroup's fp32 dQ share: the 128-byte swizzle makes the accumulator's pair stores conflict-free.
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, TiledQ{}));
+
   using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
   using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
+  using GmemTensorAcc = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)), GmemLayout{}));
   using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
                                             cute::take<0, 2>(SmemLayoutQ{}), TileQ{}, cute::_1{}));  // also dO
   using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{}, TileKV{}, cute::_1{}));
+  // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
+  // tensor the TMA unit drops them.
+  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorAcc{}, SmemLayoutdQ{}, TiledQ{}, cute::_1{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
@@ -85,7 +93,8 @@ struct BwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[kStages];  // with the Q / dO stage
+    cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
     float lse_log2[kStages][kBlockM], dsum[kStages][kBlockM];  // per query row of the Q / dO stage
     uint64_t kv_full;
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
@@ -98,6 +107,7 @@ struct BwdArgsSm90 {
   BwdParams params;
   typename Traits::TmaQ tma_q, tma_do;
   typename Traits::TmaKV tma_k, tma_v;
+  typename Traits::TmadQ tma_dq;
 };
 
 }  // namespace flash_attn2
