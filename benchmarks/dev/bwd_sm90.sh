@@ -4,7 +4,7 @@
 # sdpa_flash. OLD_FWD=REF first builds REF's fwd_kernel_sm90.h (d 64 bf16) and runs the NaN varlen test on it.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
-D=${D:-64,128}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+ROOT=$PWD; D=${D:-64,128}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 python3 -m pip install -q --no-deps .whl/nvidia_cutlass*.whl
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ -n "${OLD_FWD:-}" ]; then
@@ -24,6 +24,17 @@ if [ -n "${SAN:-}" ]; then
     echo "$script $tool:"; PYTHONPATH=$PWD timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/$script.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
   done; done
 fi
-[ -n "${BENCH:-}" ] || exit 0
-cd /tmp && PYTHONPATH=$OLDPWD timeout 200 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" \
+if [ -n "${BENCH:-}" ]; then
+cd /tmp && PYTHONPATH=$ROOT timeout 200 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" \
   --impls flash_attn2 sdpa_cudnn sdpa_flash --passes bwd --hdims ${D//,/ } --dtypes bf16 --seqlens ${SEQS:-1024 4096} --rounds 2 --out-dir $OUT 2>&1 | tail -${BENCH_TAIL:-20}
+fi
+# NCU="D,CAUSAL,S ...": ncu (full set) of the Hopper backward kernel per case; details and the SASS lines
+# with the most stall samples printed, the source page kept as CSV.
+cd $ROOT
+for case in ${NCU:-}; do
+  name=bwd_${case//,/_}
+  PYTHONPATH=$PWD timeout 150 ncu -k regex:bwd_kernel_sm90 -c 1 --set full -f -o $OUT/$name python3 benchmarks/dev/ncu_bwd.py $case > /dev/null 2>&1
+  ncu -i $OUT/$name.ncu-rep --page details 2>&1 | grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Tensor" | head -30
+  ncu -i $OUT/$name.ncu-rep --page source --csv --print-source sass > $OUT/$name.csv 2>&1
+  python3 benchmarks/dev/ncu_top.py $OUT/$name.csv 30 2>&1 | head -34
+done

@@ -90,7 +90,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int batch_index = varlen ? 0 : bidb;
 
-  const int steps = group * max(0, blocks.m_max - blocks.m_min);  // (head, query block) pairs, same order for all roles
+  // The steps: (query head of the group, query block that sees these keys), in the same order for all roles.
+  const int m_count = max(0, blocks.m_max - blocks.m_min), steps = group * m_count;
+  auto step_head = [&](int step) { return h0 + step / m_count; };
+  auto step_m_block = [&](int step) { return blocks.m_max - 1 - step % m_count; };
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32;
@@ -98,8 +101,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1));  // (rows, D, heads, 1)
       const int first_row = int(seq.offset_q(p.seqlen_q, 1, bidb));
       for (int step = 0; step < steps; ++step) {
-        const int head = h0 + step / (blocks.m_max - blocks.m_min);
-        const int m_block = blocks.m_max - 1 - step % (blocks.m_max - blocks.m_min);
+        const int head = step_head(step), m_block = step_m_block(step);
         CUTE_UNROLL
         for (int w = 0; w < kGroups; ++w) {
           Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{});  // (M, D / 2)
@@ -148,36 +150,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       copy(args.tma_k.with(smem.kv_full), get<0>(tK), get<1>(tK));
       copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
     }
-    for (int dh = 0; dh < group; ++dh) {
-      Tensor gQ = rows_q(mQ, h0 + dh);    // (M, D, m)
-      Tensor gdO = rows_q(mdO, h0 + dh);  // (M, D, m)
-      auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      const int head = h0 + dh;
-      const float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride;
-      const float* dsum = p.softmax_d + int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb);
-      for (int m_block = blocks.m_max - 1; m_block >= blocks.m_min; --m_block) {
-        barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
-        // The block's LSE (as log2; +inf for rows past the sequence or that saw no key, so P = 0 there) and
-        // D, staged with Q: kept in registers through the GEMMs they cost d 128 its spills.
-        for (int i = int(threadIdx.x) % 32; i < kBlockM; i += 32) {
-          const int row = m_block * kBlockM + i;
-          const float l = row < seq.len_q ? lse[row] : INFINITY;
-          smem.lse_log2[state.stage][i] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
-          smem.dsum[state.stage][i] = row < seq.len_q ? dsum[row] : 0.f;
-        }
-        __syncwarp();  // every lane's values before the leader's arrive (release) on q_full
-        if (leader) {
-          barrier_expect_tx(&smem.q_full[state.stage], Traits::kQBytes);
-          copy(args.tma_q.with(smem.q_full[state.stage]), get<0>(tQ)(_, m_block), get<1>(tQ)(_, state.stage));
-        }
-        barrier_wait(&smem.do_empty[state.stage], state.phase ^ 1);
-        if (leader) {
-          barrier_expect_tx(&smem.do_full[state.stage], Traits::kQBytes);
-          copy(args.tma_do.with(smem.do_full[state.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state.stage));
-        }
-        state.template advance<kStages>();
+    Tensor mLSE = args.tma_lse.get_tma_tensor(make_shape(args.lse_extent));     // (elements)
+    Tensor mdsum = args.tma_dsum.get_tma_tensor(make_shape(args.dsum_extent));  // (elements)
+    Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});    // (M, stages)
+    Tensor sdsum = make_tensor(make_smem_ptr(&smem.dsum[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});  // (M, stages)
+    auto rows = [&](auto& m, int64_t first) {  // (M): elements [first, first + M) of a flat array
+      return local_tile(domain_offset(make_coord(int(first)), m), Shape<Int<kBlockM>>{}, make_coord(0));
+    };
+    for (int step = 0; step < steps; ++step) {
+      const int head = step_head(step), m_block = step_m_block(step), row0 = m_block * kBlockM;
+      auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
+      auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
+      auto tLSE = tma_partition(args.tma_lse, _0{}, Layout<_1>{}, sLSE(_, state.stage),
+                                rows(mLSE, seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride + row0));
+      auto tdsum = tma_partition(args.tma_dsum, _0{}, Layout<_1>{}, sdsum(_, state.stage),
+                                 rows(mdsum, int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + row0));
+      barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
+      if (leader) {
+        uint64_t* full = &smem.q_full[state.stage];
+        barrier_expect_tx(full, Traits::kQBytes + 2 * Traits::kRowsBytes);
+        copy(args.tma_q.with(*full), get<0>(tQ)(_, m_block), get<1>(tQ)(_, state.stage));
+        copy(args.tma_lse.with(*full), get<0>(tLSE), get<1>(tLSE));
+        copy(args.tma_dsum.with(*full), get<0>(tdsum), get<1>(tdsum));
       }
+      barrier_wait(&smem.do_empty[state.stage], state.phase ^ 1);
+      if (leader) {
+        barrier_expect_tx(&smem.do_full[state.stage], Traits::kQBytes);
+        copy(args.tma_do.with(smem.do_full[state.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state.stage));
+      }
+      state.template advance<kStages>();
     }
     return;
   }
@@ -236,8 +237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   }
   for (int step = 0; step < steps; ++step) {
-    const int m_block = blocks.m_max - 1 - step % (blocks.m_max - blocks.m_min);
-    const int row0 = m_block * kBlockM, stage = state.stage;
+    const int m_block = step_m_block(step), row0 = m_block * kBlockM, stage = state.stage;
     // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs.
     barrier_wait(&smem.q_full[stage], state.phase);
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
@@ -257,7 +257,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     warpgroup_wait<1>();
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
-      const float lse_log2 = smem.lse_log2[stage][get<1>(tScS(0, c))];
+      // A row that saw no key has LSE -inf: P = 0 there.
+      const float lse = smem.lse[stage][get<1>(tScS(0, c))];
+      const float lse_log2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
       CUTE_UNROLL
       for (int r = 0; r < size<0>(St); ++r) {
         St(r, c) = hidden(r, c) ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2);  // P^T
@@ -280,17 +282,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kTail));
     }
 
-    // dV += P^T dO and dK += dS^T Q from registers while dS^T goes to shared memory for dQ = dS K. The
-    // dS^T buffer of this stage was last read by dQ two steps ago, which both warpgroups had waited for
-    // before last step's kdSWritten.
+    // dV += P^T dO and dK += dS^T Q from registers while dS^T goes to shared memory for dQ = dS K. This
+    // step's dS^T buffer was last read by dQ two steps ago, which both warpgroups had waited for before
+    // last step's kdSWritten.
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);
     Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
     Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
-    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[stage].data()), typename Traits::SmemLayoutdS{});  // (M, N)
-    Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[stage].data()), typename Traits::SmemLayoutdSt{}),
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdS{});  // (M, N)
+    Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdSt{}),
                               Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
     cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
@@ -298,12 +300,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
-    warpgroup_wait<0>();  // dV, dK and dQ are done: Q[m] and dO[m] may go
+    warpgroup_wait<1>();  // dV and dK are done: Q[m] and dO[m] may go
     if (release_thread) {
       barrier_arrive(&smem.q_empty[stage]);
       barrier_arrive(&smem.do_empty[stage]);
     }
     state.template advance<kStages>();
+    warpgroup_wait<0>();
 
     // This step's dQ share to shared memory once the writer warp has sent the last one.
     if (step > 0) named_barrier_sync(128 + 32, int(BwdBarrier::kdQEmpty0) + wg);

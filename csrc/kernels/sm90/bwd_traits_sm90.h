@@ -17,13 +17,14 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/tile_scheduler.h"
+#include "sm90/tma_encode.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
 namespace flash_attn2 {
 
 template <int kHeadDim_, typename Element_>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 2;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 3;
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
@@ -85,7 +86,14 @@ struct BwdTraitsSm90 {
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
   // tensor the TMA unit drops them.
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorAcc{}, SmemLayoutdQ{}, TiledQ{}, cute::_1{}));
+  // A query block's LSE and D, loaded with Q by 1-D TMA over the flat arrays (coordinates need no alignment,
+  // unlike plain bulk copies).
+  using SmemLayoutRows = cute::Layout<cute::Shape<cute::Int<kBlockM>>>;
+  using GmemTensorRows = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)),
+                                                    cute::Layout<cute::Shape<int>>{}));
+  using TmaRows = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorRows{}, SmemLayoutRows{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowsBytes = kBlockM * sizeof(float);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
   struct SharedStorage {
@@ -93,9 +101,10 @@ struct BwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[kStages];  // with the Q / dO stage
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[2];  // by step parity
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
-    float lse_log2[kStages][kBlockM], dsum[kStages][kBlockM];  // per query row of the Q / dO stage
+    alignas(128) float lse[kStages][kBlockM];  // per query row of the Q stage
+    alignas(128) float dsum[kStages][kBlockM];
     uint64_t kv_full;
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
   };
@@ -108,6 +117,8 @@ struct BwdArgsSm90 {
   typename Traits::TmaQ tma_q, tma_do;
   typename Traits::TmaKV tma_k, tma_v;
   typename Traits::TmadQ tma_dq;
+  typename Traits::TmaRows tma_lse, tma_dsum;
+  int lse_extent, dsum_extent;  // elements of the flat arrays
 };
 
 }  // namespace flash_attn2
