@@ -1,6 +1,7 @@
-// The backward's preprocess, D = rowsum(dO o O) in fp32, which also zero-fills the dQ accumulator and, for
-// varlen, the gradient rows outside every sequence (one launch instead of separate memsets): memory-bound
-// plain CUDA with the head dim a runtime value, so one small file serves every head dim and both dtypes.
+// The backward's preprocess, D = rowsum(dO o O) in fp32 and LSE in log2 next to it (in one (heads, total_q)
+// layout for every batch mode), which also zero-fills the dQ accumulator and, for varlen, the gradient rows
+// outside every sequence (one launch instead of separate memsets): memory-bound plain CUDA with the head
+// dim a runtime value, so one small file serves every head dim and both dtypes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -55,7 +56,14 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
   }
 #pragma unroll
   for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (valid && lane == 0) p.softmax_d[head * int64_t(p.total_q) + row] = sum;
+  if (valid && lane == 0) {
+    const int64_t at = head * int64_t(p.total_q) + row;
+    const bool varlen = p.cu_seqlens_q != nullptr;
+    const float lse = p.lse[varlen ? head * p.lse_head_stride + row
+                                   : row / p.seqlen_q * p.lse_batch_stride + head * p.lse_head_stride + row % p.seqlen_q];
+    p.softmax_d[at] = sum;
+    p.softmax_d[int64_t(p.num_heads) * p.total_q + at] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+  }
 
   const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * kThreads;
   float4* accum = reinterpret_cast<float4*>(p.dq_accum);

@@ -150,28 +150,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       copy(args.tma_k.with(smem.kv_full), get<0>(tK), get<1>(tK));
       copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
     }
-    Tensor mLSE = args.tma_lse.get_tma_tensor(make_shape(args.lse_extent));     // (elements)
-    Tensor mdsum = args.tma_dsum.get_tma_tensor(make_shape(args.dsum_extent));  // (elements)
-    Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});    // (M, stages)
-    Tensor sdsum = make_tensor(make_smem_ptr(&smem.dsum[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});  // (M, stages)
-    auto rows = [&](auto& m, int64_t first) {  // (M): elements [first, first + M) of a flat array
-      return local_tile(domain_offset(make_coord(int(first)), m), Shape<Int<kBlockM>>{}, make_coord(0));
+    Tensor mRows = args.tma_rows.get_tma_tensor(make_shape(args.rows_extent));  // (elements): D, then LSE (log2)
+    Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse_log2[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});  // (M, stages)
+    Tensor sdsum = make_tensor(make_smem_ptr(&smem.dsum[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});    // (M, stages)
+    auto rows = [&](int64_t first) {  // (M): elements [first, first + M) of the workspace
+      return local_tile(domain_offset(make_coord(int(first)), mRows), Shape<Int<kBlockM>>{}, make_coord(0));
     };
+    const int64_t lse_offset = int64_t(p.num_heads) * p.total_q;
     for (int step = 0; step < steps; ++step) {
       const int head = step_head(step), m_block = step_m_block(step), row0 = m_block * kBlockM;
       auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
       auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
-      auto tLSE = tma_partition(args.tma_lse, _0{}, Layout<_1>{}, sLSE(_, state.stage),
-                                rows(mLSE, seq.offset_q(p.lse_batch_stride, 1, bidb) + int64_t(head) * p.lse_head_stride + row0));
-      auto tdsum = tma_partition(args.tma_dsum, _0{}, Layout<_1>{}, sdsum(_, state.stage),
-                                 rows(mdsum, int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + row0));
+      const int64_t first = int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + row0;
+      auto tdsum = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sdsum(_, state.stage), rows(first));
+      auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage), rows(lse_offset + first));
       barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
       if (leader) {
         uint64_t* full = &smem.q_full[state.stage];
         barrier_expect_tx(full, Traits::kQBytes + 2 * Traits::kRowsBytes);
         copy(args.tma_q.with(*full), get<0>(tQ)(_, m_block), get<1>(tQ)(_, state.stage));
-        copy(args.tma_lse.with(*full), get<0>(tLSE), get<1>(tLSE));
-        copy(args.tma_dsum.with(*full), get<0>(tdsum), get<1>(tdsum));
+        copy(args.tma_rows.with(*full), get<0>(tdsum), get<1>(tdsum));
+        copy(args.tma_rows.with(*full), get<0>(tLSE), get<1>(tLSE));
       }
       barrier_wait(&smem.do_empty[state.stage], state.phase ^ 1);
       if (leader) {
@@ -219,9 +218,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   constexpr int kCols = decltype(size<1>(tScS))::value;
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
   const int diag = seq.len_k - seq.len_q;
-  auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<32>, Element>{}, mma_sdp);
+  auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
-  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<64>, float>{}, mma_dq);
+  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
   auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
   Tensor tdQsdQ = smem_thr_dq.partition_D(sdQ);  // (CPY, CPY_M, CPY_D)
   const bool release_thread = thread == 0;
@@ -247,30 +246,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)
     Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-    const bool masked = m_block < blocks.m_unmasked_min;
-    // Rows past the sequence count as hidden too: their S^T and dP^T may be NaN (varlen rows after the last
-    // sequence), which 0 x NaN would carry on.
-    auto hidden = [&](int r, int c) {
-      const int key = key0 + get<0>(tScS(r, 0)), row = row0 + get<1>(tScS(r, c));
-      return row >= seq.len_q || (masked && (key >= seq.len_k || (p.causal && key > row + diag)));
-    };
     warpgroup_wait<1>();
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
-      // A row that saw no key has LSE -inf: P = 0 there.
-      const float lse = smem.lse[stage][get<1>(tScS(0, c))];
-      const float lse_log2 = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+      const float lse_log2 = smem.lse_log2[stage][get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
       CUTE_UNROLL
-      for (int r = 0; r < size<0>(St); ++r) {
-        St(r, c) = hidden(r, c) ? 0.f : fast_exp2(St(r, c) * scale_log2 - lse_log2);  // P^T
-      }
+      for (int r = 0; r < size<0>(St); ++r) St(r, c) = fast_exp2(St(r, c) * scale_log2 - lse_log2);  // P^T
     }
     warpgroup_wait<0>();
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
       const float dsum = smem.dsum[stage][get<1>(tScS(0, c))];
       CUTE_UNROLL
-      for (int r = 0; r < size<0>(St); ++r) dPt(r, c) = hidden(r, c) ? 0.f : St(r, c) * (dPt(r, c) - dsum);  // dS^T
+      for (int r = 0; r < size<0>(St); ++r) dPt(r, c) = St(r, c) * (dPt(r, c) - dsum);  // dS^T
+    }
+    // The mask, where a pair may be hidden: set (not multiplied) to 0, since S^T and dP^T there may be
+    // anything (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
+    if (m_block < blocks.m_unmasked_min || row0 + kBlockM > seq.len_q) {
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(St); ++r) {
+        const int key = key0 + get<0>(tScS(r, 0));
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const int row = row0 + get<1>(tScS(r, c));
+          const bool hidden = row >= seq.len_q || key >= seq.len_k || (p.causal && key > row + diag);
+          St(r, c) = hidden ? 0.f : St(r, c);
+          dPt(r, c) = hidden ? 0.f : dPt(r, c);
+        }
+      }
     }
     // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their
     // P^T and dS^T columns are 0), once both warpgroups' S^T and dP^T are done with them.

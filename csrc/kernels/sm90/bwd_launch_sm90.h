@@ -34,7 +34,7 @@ __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
   }
 }
 
-// A 1-D TMA over `elements` floats (LSE or D), read kBlockM at a time.
+// A 1-D TMA over `elements` floats (D and LSE), read kBlockM at a time.
 template <class Traits>
 typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
   using namespace cute;
@@ -52,11 +52,8 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   auto kernel = &bwd_kernel_sm90<Traits>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t lse_extent = (varlen ? 0 : int64_t(p.batch - 1) * p.lse_batch_stride) +
-                             int64_t(p.num_heads - 1) * p.lse_head_stride + (varlen ? p.total_q : p.seqlen_q);
-  const int64_t dsum_extent = int64_t(p.num_heads) * p.total_q;
-  if (std::max(lse_extent, dsum_extent) > INT_MAX) return cudaErrorInvalidValue;  // TMA coordinates are int
+  const int64_t rows_extent = bwd_softmax_d_elems(p);
+  if (rows_extent > INT_MAX) return cudaErrorInvalidValue;  // TMA coordinates are int
   sm90::tma_encode_failed = false;
   using cute::SM90_TMA_LOAD;
   const auto smem_q = cute::take<0, 2>(typename Traits::SmemLayoutQ{});
@@ -73,10 +70,8 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
       sm90::make_tma<Traits, typename Traits::TmadQ, float>(
           cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
           p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{}),
-      make_tma_rows<Traits>(p.lse, lse_extent),
-      make_tma_rows<Traits>(p.softmax_d, dsum_extent),
-      int(lse_extent),
-      int(dsum_extent),
+      make_tma_rows<Traits>(p.softmax_d, rows_extent),
+      int(rows_extent),
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);

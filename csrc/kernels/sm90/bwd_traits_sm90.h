@@ -86,8 +86,8 @@ struct BwdTraitsSm90 {
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
   // tensor the TMA unit drops them.
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorAcc{}, SmemLayoutdQ{}, TiledQ{}, cute::_1{}));
-  // A query block's LSE and D, loaded with Q by 1-D TMA over the flat arrays (coordinates need no alignment,
-  // unlike plain bulk copies).
+  // A query block's D and LSE (log2), loaded with Q by 1-D TMA over the preprocess's workspace (coordinates
+  // need no alignment, unlike plain bulk copies).
   using SmemLayoutRows = cute::Layout<cute::Shape<cute::Int<kBlockM>>>;
   using GmemTensorRows = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)),
                                                     cute::Layout<cute::Shape<int>>{}));
@@ -103,7 +103,7 @@ struct BwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[2];  // by step parity
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
-    alignas(128) float lse[kStages][kBlockM];  // per query row of the Q stage
+    alignas(128) float lse_log2[kStages][kBlockM];  // per query row of the Q stage
     alignas(128) float dsum[kStages][kBlockM];
     uint64_t kv_full;
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
@@ -117,8 +117,8 @@ struct BwdArgsSm90 {
   typename Traits::TmaQ tma_q, tma_do;
   typename Traits::TmaKV tma_k, tma_v;
   typename Traits::TmadQ tma_dq;
-  typename Traits::TmaRows tma_lse, tma_dsum;
-  int lse_extent, dsum_extent;  // elements of the flat arrays
+  typename Traits::TmaRows tma_rows;  // over softmax_d: D, then LSE (log2)
+  int rows_extent;
 };
 
 }  // namespace flash_attn2

@@ -64,4 +64,32 @@ __device__ __forceinline__ void named_barrier_arrive(int num_threads, int id) {
   cutlass::arch::NamedBarrier::arrive(num_threads, id);
 }
 
+// A copy op for CuTe's copy(): st.shared of one T (32 or 64 bits). CuTe's swizzled shared-memory pointers
+// round-trip through integers, which loses the address space: plain copies compiled to generic stores,
+// and the proxy fence after them to a full MEMBAR.
+template <class T>
+struct SharedStore {
+  using SRegisters = T[1];
+  using DRegisters = T[1];
+  CUTE_DEVICE static void copy(T const& src, T& dst) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8);
+    const uint32_t addr = cute::cast_smem_ptr_to_uint(&dst);
+    if constexpr (sizeof(T) == 4) {
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(src) : "memory");
+    } else {
+      asm volatile("st.shared.b64 [%0], %1;" ::"r"(addr), "l"(src) : "memory");
+    }
+  }
+};
+
 }  // namespace flash_attn2::sm90
+
+namespace cute {
+template <class T>
+struct Copy_Traits<flash_attn2::sm90::SharedStore<T>> {
+  using ThrID = Layout<_1>;
+  using SrcLayout = Layout<Shape<_1, Int<sizeof_bits<T>::value>>>;
+  using DstLayout = SrcLayout;
+  using RefLayout = SrcLayout;
+};
+}  // namespace cute
