@@ -216,8 +216,7 @@ int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
   return int(std::max<int64_t>(1, std::min<int64_t>({fill, key_blocks, kMaxSplits})));
 }
 
-// D and LSE (log2), then one 64-row block of padding: the Hopper backward reads both in such blocks.
-int64_t bwd_softmax_d_elems(const BwdParams& p) { return 2 * int64_t(p.num_heads) * p.total_q + 64; }
+int64_t bwd_softmax_d_elems(const BwdParams& p) { return 2 * bwd_lse_log2_offset(p); }
 
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);

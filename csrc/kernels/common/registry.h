@@ -13,6 +13,11 @@
 namespace flash_attn2 {
 
 using FwdLauncher = cudaError_t (*)(const FwdParams&, cudaStream_t);
+
+// The backward's softmax_d workspace: D as (heads, total_q), then LSE * log2(e) in the same layout from
+// this offset, a multiple of 4 so that both arrays' rows share their 16-byte alignment (the Hopper backward
+// loads them with TMA, whose innermost box start must be 16-byte aligned).
+constexpr int64_t bwd_lse_log2_offset(const BwdParams& p) { return (int64_t(p.num_heads) * p.total_q + 3) / 4 * 4; }
 using BwdLauncher = cudaError_t (*)(const BwdParams&, cudaStream_t);
 
 template <int kHeadDim, DType kDType>

@@ -18,6 +18,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/block_range.h"
+#include "common/registry.h"  // bwd_lse_log2_offset
 #include "common/seqlen.h"
 #include "common/utils.h"
 #include "sm90/fwd_kernel_sm90.h"  // tma_shape
@@ -94,6 +95,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const int m_count = max(0, blocks.m_max - blocks.m_min), steps = group * m_count;
   auto step_head = [&](int step) { return h0 + step / m_count; };
   auto step_m_block = [&](int step) { return blocks.m_max - 1 - step % m_count; };
+  auto step_rows = [&](int step) {  // the step's first row in the (heads, total_q) layout of D and LSE
+    return int64_t(step_head(step)) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + step_m_block(step) * kBlockM;
+  };
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32;
@@ -151,17 +155,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
     }
     Tensor mRows = args.tma_rows.get_tma_tensor(make_shape(args.rows_extent));  // (elements): D, then LSE (log2)
-    Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse_log2[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});  // (M, stages)
-    Tensor sdsum = make_tensor(make_smem_ptr(&smem.dsum[0][0]), Layout<Shape<Int<kBlockM>, Int<kStages>>>{});    // (M, stages)
-    auto rows = [&](int64_t first) {  // (M): elements [first, first + M) of the workspace
-      return local_tile(domain_offset(make_coord(int(first)), mRows), Shape<Int<kBlockM>>{}, make_coord(0));
+    using RowsLayout = Layout<Shape<Int<Traits::kRowsBox>, Int<kStages>>, Stride<_1, Int<Traits::kRowsStride>>>;
+    Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse_log2[0][0]), RowsLayout{});  // (M + 4, stages)
+    Tensor sdsum = make_tensor(make_smem_ptr(&smem.dsum[0][0]), RowsLayout{});     // (M + 4, stages)
+    auto rows = [&](int64_t first) {  // (M + 4): elements [first, first + M + 4) of the workspace
+      return local_tile(domain_offset(make_coord(int(first)), mRows), Shape<Int<Traits::kRowsBox>>{}, make_coord(0));
     };
-    const int64_t lse_offset = int64_t(p.num_heads) * p.total_q;
+    const int64_t lse_offset = bwd_lse_log2_offset(p);
     for (int step = 0; step < steps; ++step) {
-      const int head = step_head(step), m_block = step_m_block(step), row0 = m_block * kBlockM;
+      const int head = step_head(step), m_block = step_m_block(step);
       auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
       auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
-      const int64_t first = int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + row0;
+      const int64_t first = step_rows(step) & ~int64_t(3);
       auto tdsum = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sdsum(_, state.stage), rows(first));
       auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage), rows(lse_offset + first));
       barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
@@ -237,6 +242,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   }
   for (int step = 0; step < steps; ++step) {
     const int m_block = step_m_block(step), row0 = m_block * kBlockM, stage = state.stage;
+    const int rows_shift = int(step_rows(step) & 3);  // where the block's rows start in the staged D and LSE
     // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs.
     barrier_wait(&smem.q_full[stage], state.phase);
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
@@ -249,14 +255,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     warpgroup_wait<1>();
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
-      const float lse_log2 = smem.lse_log2[stage][get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
+      const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
       CUTE_UNROLL
       for (int r = 0; r < size<0>(St); ++r) St(r, c) = fast_exp2(St(r, c) * scale_log2 - lse_log2);  // P^T
     }
     warpgroup_wait<0>();
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
-      const float dsum = smem.dsum[stage][get<1>(tScS(0, c))];
+      const float dsum = smem.dsum[stage][rows_shift + get<1>(tScS(0, c))];
       CUTE_UNROLL
       for (int r = 0; r < size<0>(St); ++r) dPt(r, c) = St(r, c) * (dPt(r, c) - dsum);  // dS^T
     }

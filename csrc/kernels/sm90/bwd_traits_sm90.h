@@ -86,14 +86,16 @@ struct BwdTraitsSm90 {
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
   // tensor the TMA unit drops them.
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorAcc{}, SmemLayoutdQ{}, TiledQ{}, cute::_1{}));
-  // A query block's D and LSE (log2), loaded with Q by 1-D TMA over the preprocess's workspace (coordinates
-  // need no alignment, unlike plain bulk copies).
-  using SmemLayoutRows = cute::Layout<cute::Shape<cute::Int<kBlockM>>>;
+  // A query block's D and LSE (log2), loaded with Q by 1-D TMA over the preprocess's workspace: a box of
+  // kBlockM + 4 from the 16-byte aligned element at or before the block's first row (TMA needs that
+  // alignment), kept at kRowsStride per stage (a multiple of 128 bytes, as TMA destinations need).
+  static constexpr int kRowsBox = kBlockM + 4, kRowsStride = (kRowsBox + 31) / 32 * 32;
+  using SmemLayoutRows = cute::Layout<cute::Shape<cute::Int<kRowsBox>>>;
   using GmemTensorRows = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)),
                                                     cute::Layout<cute::Shape<int>>{}));
   using TmaRows = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorRows{}, SmemLayoutRows{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kRowsBytes = kBlockM * sizeof(float);
+  static constexpr uint32_t kRowsBytes = kRowsBox * sizeof(float);
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
 
   struct SharedStorage {
@@ -103,8 +105,8 @@ struct BwdTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[2];  // by step parity
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
-    alignas(128) float lse_log2[kStages][kBlockM];  // per query row of the Q stage
-    alignas(128) float dsum[kStages][kBlockM];
+    alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
+    alignas(128) float dsum[kStages][kRowsStride];
     uint64_t kv_full;
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
   };
