@@ -240,13 +240,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
     if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   }
-  Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
-  auto store_dq = [&](int step) {  // once the writer warp has sent the last share
-    if (step > 0) named_barrier_sync(128 + 32, int(BwdBarrier::kdQEmpty0) + wg);
-    cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
-    cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
-    named_barrier_arrive(128 + 32, int(BwdBarrier::kdQFull0) + wg);
-  };
   for (int step = 0; step < steps; ++step) {
     const int m_block = step_m_block(step), row0 = m_block * kBlockM, stage = state.stage;
     const int rows_shift = int(step_rows(step) & 3);  // where the block's rows start in the staged D and LSE
@@ -259,10 +252,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)
     Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-    if (Traits::kDeferdQ && step > 0) {
-      warpgroup_wait<2>();  // the last step's dQ
-      store_dq(step - 1);
-    }
     warpgroup_wait<1>();
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
@@ -318,6 +307,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
     named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
     warpgroup_wait<1>();  // dV and dK are done: Q[m] and dO[m] may go
     if (release_thread) {
@@ -325,14 +315,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       barrier_arrive(&smem.do_empty[stage]);
     }
     state.template advance<kStages>();
-    if (!Traits::kDeferdQ) {
-      warpgroup_wait<0>();
-      store_dq(step);
-    }
-  }
-  if (Traits::kDeferdQ && steps > 0) {
     warpgroup_wait<0>();
-    store_dq(steps - 1);
+
+    // This step's dQ share to shared memory once the writer warp has sent the last one.
+    if (step > 0) named_barrier_sync(128 + 32, int(BwdBarrier::kdQEmpty0) + wg);
+    cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
+    cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
+    named_barrier_arrive(128 + 32, int(BwdBarrier::kdQFull0) + wg);
   }
 
   // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.

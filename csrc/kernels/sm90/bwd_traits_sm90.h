@@ -31,9 +31,6 @@ struct BwdTraitsSm90 {
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
   static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
-  // A step's dQ leaves during the next step (its GEMM overlaps that step's first GEMMs) where registers
-  // allow: at d 128 the live dQ accumulator doubled the spills.
-  static constexpr bool kDeferdQ = kHeadDim <= 64;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
