@@ -1,8 +1,8 @@
 #!/bin/bash
-# A/B/... of the Hopper forward: each directory in $VARIANTS (default benchmarks/dev/old) holds a set of sm90
+# A/B/... of the Hopper kernels: each directory in $VARIANTS (default benchmarks/dev/old) holds a set of sm90
 # headers, built in turn as A, B, ...; the working tree is built last. bf16, head dims $D; timed interleaved
-# (CASES="d,causal,seqlen ...", ROUNDS processes each, the order rotated); tests on the working tree; SAN=1
-# adds memcheck/racecheck.
+# (CASES="d,causal,seqlen ...", ROUNDS processes each, the order rotated; PASS=bwd or fwd_bwd for the
+# backward); tests on the working tree (TESTS=...); SAN=1 adds memcheck/racecheck.
 # The directories must lie in the working tree (untracked) to reach the device, e.g.
 #   mkdir -p benchmarks/dev/old && for f in fwd_kernel_sm90.h fwd_launch_sm90.h fwd_traits_sm90.h wgmma.h; do
 #     git show REF:csrc/kernels/sm90/$f > benchmarks/dev/old/$f; done
@@ -22,10 +22,10 @@ for dir in ${VARIANTS:-benchmarks/dev/old} /tmp/tree_h; do
   s=$(date +%s) && build $name && echo "$name ($dir) built in $(( $(date +%s) - s )) s"
   names+=($name)
 done
-timeout 150 python3 -m pytest tests/test_forward.py tests/test_varlen_safety.py -q -x -p no:cacheprovider 2>&1 | tail -2
+timeout 150 python3 -m pytest ${TESTS:-tests/test_forward.py tests/test_varlen_safety.py} -q -x -p no:cacheprovider 2>&1 | tail -2
 if [ -n "${SAN:-}" ]; then
   for tool in memcheck racecheck; do
-    PYTHONPATH=/tmp/${names[-1]} timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/sanitize_fwd.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
+    PYTHONPATH=/tmp/${names[-1]} timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/${SAN_SCRIPT:-sanitize_fwd}.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
   done
 fi
 for round in $(seq 0 $(( ${ROUNDS:-2} - 1 ))); do  # the variants' order rotated from round to round
