@@ -1,8 +1,9 @@
 // FlashAttention backward on Hopper (sm_90a), head dim <= 128: TMA loads, wgmma, warp specialization.
 //
 // One block per (128-key block, batch, kv head). Warpgroup 0's first warp loads K and V once and then, for
-// every query head of the group and every query block that sees these keys, Q[m] and dO[m] into a
-// two-stage ring; its second warp adds each step's dQ share to the fp32 accumulator (TMA reduce-add).
+// every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
+// LSE) and dO[m] into a kStages ring; its second warp adds each step's dQ shares to the fp32 accumulator
+// (TMA reduce-add).
 // Each further warpgroup owns 64 of the keys:
 //   S^T = K Q^T, dP^T = V dO^T -> mask -> P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
