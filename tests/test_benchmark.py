@@ -1,8 +1,9 @@
-"""The benchmarks' bookkeeping on CPU: FLOP counts, the packed batch, and the ratio summaries."""
+"""The benchmarks' bookkeeping on CPU: FLOP counts, the packed batch, the ratio summaries, the HF step's models."""
 
 import math
 
 import pytest
+import torch
 
 from flash_attn2 import benchmark, benchmark_models
 
@@ -58,3 +59,20 @@ def test_rounds_rotate_the_order(monkeypatch):
     monkeypatch.setattr(benchmark, "median_ms", lambda run, reps: (calls.append(run()), next(fake_ms[calls[-1]]))[1])
     ms = benchmark.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, reps=1, rounds=3)
     assert calls == ["a", "b", "b", "a", "a", "b"] and ms == {"a": 2.0, "b": 4.0}
+
+
+def test_hf_step_models_share_weights():
+    """The training-step benchmark's two models: the config it asks for, the same weights, each its attention."""
+    pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
+    from flash_attn2 import benchmark_hf
+
+    args = benchmark_hf.parse_args(["--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                                    "--intermediate", "32", "--vocab", "64", "--seqlen", "32"])
+    config = benchmark_hf.make_config(args)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (64, 4, 2, 16)
+    models = benchmark_hf.make_models(config, device="cpu")
+    (sdpa, _), (ours, _) = models["sdpa"], models["flash_attn2"]
+    assert sdpa.config._attn_implementation == "sdpa" and ours.config._attn_implementation == "flash_attn2"
+    for a, b in zip(sdpa.state_dict().values(), ours.state_dict().values()):
+        assert torch.equal(a, b)
+    assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
