@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
     const float lse = p.lse[varlen ? head * p.lse_head_stride + row
                                    : row / p.seqlen_q * p.lse_batch_stride + head * p.lse_head_stride + row % p.seqlen_q];
     p.softmax_d[at] = sum;
-    p.softmax_d[bwd_lse_log2_offset(p) + at] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+    p.softmax_d[bwd_lse_log2_offset(p) + at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
   }
 
   const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * kThreads;

@@ -251,7 +251,9 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const bool sm80_asked = backend == "sm80";
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
-  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && !sm80_asked && tma_strides && device_is_sm90();
+  // (No query rows: the SM80 backward, which writes the zero dK / dV; TMA descriptors need nonzero extents.)
+  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && !sm80_asked && tma_strides && p.total_q > 0 &&
+                    device_is_sm90();
   const BwdLauncher bwd = sm90 ? k.bwd_sm90 : k.bwd;
   if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;

@@ -33,8 +33,8 @@ constexpr bool has_bwd_sm90(int head_dim) { return head_dim == 64 || head_dim ==
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 
-// softmax_d = rowsum(dout o out) in fp32 before the main kernel; also clears the dq accumulator and the
-// gradient rows outside every varlen sequence.
+// softmax_d = rowsum(dout o out) in fp32, and LSE * log2(e) after it (bwd_lse_log2_offset), before the
+// main kernel; also clears the dq accumulator and the gradient rows outside every varlen sequence.
 cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
 
 // Shared memory a block may use on the current device (opt-in limit: 227 KB on H100, 163 KB on A100,

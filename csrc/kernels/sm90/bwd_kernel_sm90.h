@@ -21,6 +21,7 @@
 #include "common/block_range.h"
 #include "common/registry.h"  // bwd_lse_log2_offset
 #include "common/seqlen.h"
+#include "common/tile_scheduler.h"
 #include "common/utils.h"
 #include "sm90/fwd_kernel_sm90.h"  // tma_shape
 #include "sm90/wgmma.h"
@@ -32,6 +33,7 @@ namespace sm90 {
 // Named barrier ids (above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer warpgroup
 // w with the dQ writer warp.
 enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kdQFull0 = 2, kdQEmpty0 = 4 };
+constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
 
 // The Hopper dQ accumulator: fp32, (heads, total_q rows, kHeadDim) row-major, zeroed by the preprocess
 // (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
@@ -105,6 +107,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     if (warp == 1) {  // dQ writer: each step's two shares, added to dq_accum once staged
       Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1));  // (rows, D, heads, 1)
       const int first_row = int(seq.offset_q(p.seqlen_q, 1, bidb));
+      const bool issuer = cute::elect_one_sync();  // one lane: a bulk async-group belongs to its thread
       for (int step = 0; step < steps; ++step) {
         const int head = step_head(step), m_block = step_m_block(step);
         CUTE_UNROLL
@@ -113,17 +116,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
           Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
                                   typename Traits::TiledQ{}, make_coord(m_block, w));  // (M, D / 2)
           auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
-          named_barrier_sync(128 + 32, int(BwdBarrier::kdQFull0) + w);
-          if (cute::elect_one_sync()) {
+          named_barrier_sync(kdQThreads, int(BwdBarrier::kdQFull0) + w);
+          if (issuer) {
             copy(args.tma_dq, get<1>(tdQ), get<0>(tdQ));
             tma_store_arrive();
           }
         }
-        if (cute::elect_one_sync()) tma_store_wait<0>();  // the shares are read: the warpgroups may refill them
+        if (issuer) tma_store_wait<0>();  // the shares are read: the warpgroups may refill them
         __syncwarp();
         if (step + 1 < steps) {
           CUTE_UNROLL
-          for (int w = 0; w < kGroups; ++w) named_barrier_arrive(128 + 32, int(BwdBarrier::kdQEmpty0) + w);
+          for (int w = 0; w < kGroups; ++w) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
         }
       }
       return;
@@ -292,20 +295,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kTail));
     }
 
-    // dV += P^T dO and dK += dS^T Q from registers while dS^T goes to shared memory for dQ = dS K. This
-    // step's dS^T buffer was last read by dQ two steps ago, which both warpgroups had waited for before
-    // last step's kdSWritten.
+    // dV += P^T dO from registers while dS^T goes to shared memory for dQ = dS K; then dK += dS^T Q, whose
+    // GEMM must come after the store (a wgmma's register operands are not to be touched until waited for).
+    // This step's dS^T buffer was last read by dQ two steps ago, which both warpgroups had waited for
+    // before last step's kdSWritten.
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);
     Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
     Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
-    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
     Tensor sdS = make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdS{});  // (M, N)
     Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdSt{}),
                               Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
     cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
     named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
@@ -319,10 +323,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     warpgroup_wait<0>();
 
     // This step's dQ share to shared memory once the writer warp has sent the last one.
-    if (step > 0) named_barrier_sync(128 + 32, int(BwdBarrier::kdQEmpty0) + wg);
+    if (step > 0) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
     cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
     cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
-    named_barrier_arrive(128 + 32, int(BwdBarrier::kdQFull0) + wg);
+    named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
   }
 
   // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.

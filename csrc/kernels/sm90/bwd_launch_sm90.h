@@ -1,5 +1,6 @@
 // Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
-// fp32 accumulator. The preprocess (D = rowsum(dO o O), zeroed dq_accum) runs before, as for SM80.
+// fp32 accumulator. The preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum)
+// runs before, as for SM80.
 #pragma once
 
 #include <climits>
@@ -34,7 +35,7 @@ __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
   }
 }
 
-// A 1-D TMA over `elements` floats (D and LSE), read kBlockM at a time.
+// A 1-D TMA over `elements` floats (D and LSE), read in boxes of kRowsBox (traits).
 template <class Traits>
 typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
   using namespace cute;

@@ -13,10 +13,8 @@
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_types.h>
 
 #include "flash_attn2/flash_attn2.h"
-#include "common/tile_scheduler.h"
 #include "sm90/tma_encode.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
 namespace flash_attn2 {
@@ -111,6 +109,7 @@ struct BwdTraitsSm90 {
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block (d 128 uses all of it)");
 };
 
 template <class Traits>
