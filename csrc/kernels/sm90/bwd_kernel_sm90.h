@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
       auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
       const int64_t first = step_rows(step) & ~int64_t(3);
+      // (gmem, smem) pairs of one box each: D, and LSE at the same shift past lse_offset
       auto tdsum = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sdsum(_, state.stage), rows(first));
       auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage), rows(lse_offset + first));
       barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
@@ -332,7 +333,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.
   Tensor dK = rowcol_view(acc_dk);  // (keys, D)
   Tensor dV = rowcol_view(acc_dv);  // (keys, D)
-  Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));
+  Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
   Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
   Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
   CUTE_UNROLL
