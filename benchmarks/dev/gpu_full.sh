@@ -2,7 +2,8 @@
 # Full default build (a wheel, kept under $OUT/wheel), the whole GPU test suite, compute-sanitizer on small
 # forward calls; then the FA2 grid forward (flash_attn2, sdpa_cudnn) and the model shapes (with sdpa_flash
 # and torch varlen_attn); logs under $OUT. STAGE=test stops after the tests; STAGE=bench skips the build
-# and tests and installs a flash_attn2 wheel carried in .whl/ (one call's ten minutes may not fit both).
+# and tests and installs a flash_attn2 wheel carried in .whl/ (one call's ten minutes may not fit both);
+# STAGE=bench_bwd does the same for the backward and fwd_bwd grid rows (HDIMS) and the HF training step.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -10,7 +11,7 @@ STAGE=${STAGE:-all}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/summary.txt
 rm -f flash_attn2_cuda*.so
 python3 -m pip install -q --no-deps .whl/nvidia_cutlass*.whl
-if [ "$STAGE" != bench ]; then
+if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   s=$(date +%s); python3 -m pip wheel --no-build-isolation --no-deps -v -w $OUT/wheel . > $OUT/build.log 2>&1; rc=$?
   echo "build rc=$rc in $(( $(date +%s) - s )) s" | tee -a $OUT/summary.txt
   grep "spill stores" $OUT/build.log | grep -v " 0 bytes spill" | grep fwd_kernel_sm90 | tee -a $OUT/summary.txt
@@ -26,5 +27,11 @@ else
 fi
 [ "$STAGE" = test ] && exit 0
 cd /tmp
+if [ "$STAGE" = bench_bwd ]; then  # the backward rows (#10); HDIMS splits the grid over calls
+  timeout 420 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn sdpa_flash \
+    --passes bwd fwd_bwd --hdims ${HDIMS:-64 128} --reps 10 --out-dir $OUT 2>&1 > $OUT/bench_bwd.log; tail -4 $OUT/bench_bwd.log
+  timeout 150 python3 -m flash_attn2.benchmark_hf --out-dir $OUT 2>&1 | tail -4
+  exit 0
+fi
 timeout 260 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn --passes fwd --out-dir $OUT 2>&1 > $OUT/bench.log; tail -4 $OUT/bench.log
 timeout 300 python3 -m flash_attn2.benchmark_models --impls flash_attn2 sdpa_cudnn sdpa_flash torch_varlen --passes fwd fwd_train --reps 10 --out-dir $OUT > $OUT/models.log 2>&1; tail -8 $OUT/models.log
