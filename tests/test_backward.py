@@ -19,9 +19,12 @@ def check_grads(grads, ref, ref_pt):
         assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
 
 
-def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=False):
-    """Our forward + backward through the internal entry points, every output poisoned first."""
+def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=False, before_backward=None):
+    """Our forward + backward through the internal entry points, every output poisoned first;
+    before_backward() runs between the two (e.g. to set the backward's environment)."""
     out, lse = _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal)
+    if before_backward is not None:
+        before_backward()
     dq, dk, dv = (poisoned(t.shape, t.dtype) for t in (q, k, v))
     return _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal,
                                 deterministic, dq, dk, dv)
