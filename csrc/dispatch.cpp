@@ -101,30 +101,52 @@ cudaError_t fail(cudaError_t err, std::string message) {
   return err;
 }
 
-// The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one.
-// FLASH_ATTN2_BACKEND=sm80 or sm90 (read on every call) insists on one; "" or "auto" is the default.
-// nullptr when none can serve the call, with last_error saying why and *err the code.
-FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
+// FLASH_ATTN2_BACKEND (read on every call): "sm80" or "sm90", or "" for unset or "auto"; false, with
+// last_error saying so, for any other value.
+bool requested_backend(std::string* backend) {
   const char* env = std::getenv("FLASH_ATTN2_BACKEND");
-  const std::string backend = env == nullptr ? "" : env;
+  *backend = env == nullptr || std::string(env) == "auto" ? "" : env;
+  if (backend->empty() || *backend == "sm80" || *backend == "sm90") return true;
+  fail(cudaErrorInvalidValue, "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + *backend + "'");
+  return false;
+}
+
+// The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one;
+// FLASH_ATTN2_BACKEND=sm80 or sm90 insists on one. nullptr when none can serve the call, with last_error
+// saying why and *err the code.
+FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
+  std::string backend;
+  *err = cudaErrorInvalidValue;
+  if (!requested_backend(&backend)) return nullptr;
   const bool sm90_ok = k.fwd_sm90 != nullptr && device_is_sm90();
   FwdLauncher fwd = nullptr;
   std::string why = "no forward kernel for this GPU";
   *err = cudaErrorNotSupported;
-  if (backend.empty() || backend == "auto") {
+  if (backend.empty()) {
     fwd = sm90_ok ? k.fwd_sm90 : k.fwd_sm80;
   } else if (backend == "sm90") {
     fwd = sm90_ok ? k.fwd_sm90 : nullptr;
     why = "FLASH_ATTN2_BACKEND=sm90, but the Hopper forward was not built or the GPU is not sm_90";
-  } else if (backend == "sm80") {
+  } else {
     fwd = k.fwd_sm80;
     why = "FLASH_ATTN2_BACKEND=sm80, but the SM80 forward was not built (FLASH_ATTN2_SM80_FWD=1)";
-  } else {
-    why = "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'";
-    *err = cudaErrorInvalidValue;
   }
   if (fwd == nullptr) fail(*err, std::move(why));
   return fwd;
+}
+
+// The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
+// deterministic mode, FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the
+// SM80 backward writes the zero dK / dV) and a dout whose strides TMA cannot take (zero, e.g. expanded over
+// heads); else the SM80 one, built for every head dim. nullptr for a bad FLASH_ATTN2_BACKEND.
+BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p) {
+  std::string backend;
+  if (!requested_backend(&backend)) return nullptr;
+  const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
+                           (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
+  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && backend != "sm80" && tma_strides &&
+                    p.total_q > 0 && device_is_sm90();
+  return sm90 ? k.bwd_sm90 : k.bwd;
 }
 
 // Why p cannot be run, or "" when it can.
@@ -239,22 +261,9 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
+  const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p);
+  if (bwd == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
-  // The Hopper backward on an sm_90 GPU where built for this head dim, but for deterministic mode,
-  // FLASH_ATTN2_BACKEND=sm80, and a dout whose strides TMA cannot take (zero, e.g. expanded over heads).
-  const Kernels& k = kernels(bucket, p.dtype);
-  const char* env = std::getenv("FLASH_ATTN2_BACKEND");
-  const std::string backend = env == nullptr ? "" : env;
-  if (!backend.empty() && backend != "auto" && backend != "sm80" && backend != "sm90") {
-    return fail(cudaErrorInvalidValue, "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + backend + "'");
-  }
-  const bool sm80_asked = backend == "sm80";
-  const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
-                           (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
-  // (No query rows: the SM80 backward, which writes the zero dK / dV; TMA descriptors need nonzero extents.)
-  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && !sm80_asked && tma_strides && p.total_q > 0 &&
-                    device_is_sm90();
-  const BwdLauncher bwd = sm90 ? k.bwd_sm90 : k.bwd;
   if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
