@@ -23,14 +23,6 @@ constexpr int kPreprocessLanes = 8;
 __device__ inline float to_float(__half x) { return __half2float(x); }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// Element offset of row `row` (of total_q) and head `head` in a (batch, seqlen, heads, d) or varlen
-// (total, heads, d) tensor.
-__device__ inline int64_t row_offset(const BwdParams& p, int64_t row, int head, int64_t batch_stride,
-                                     int64_t row_stride, int64_t head_stride) {
-  if (p.cu_seqlens_q != nullptr) return row * row_stride + head * head_stride;
-  return (row / p.seqlen_q) * batch_stride + (row % p.seqlen_q) * row_stride + head * head_stride;
-}
-
 // One group of kLanes threads per (row, head); each thread reads 16 bytes of dO and O at a time. Then
 // the grid clears the accum_vec4 16-byte words of the dQ accumulator.
 template <typename T>
@@ -43,8 +35,10 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
   const int64_t row = item / p.num_heads;
   float sum = 0.f;
   if (valid) {
-    const T* dout = static_cast<const T*>(p.dout) + row_offset(p, row, head, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
-    const T* out = static_cast<const T*>(p.out) + row_offset(p, row, head, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+    const T* dout = static_cast<const T*>(p.dout) +
+                    query_row_offset(p, row, head, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
+    const T* out = static_cast<const T*>(p.out) +
+                   query_row_offset(p, row, head, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
     for (int col = lane * kVec; col < p.head_dim; col += kLanes * kVec) {
       const uint4 a = *reinterpret_cast<const uint4*>(dout + col);
       const uint4 b = *reinterpret_cast<const uint4*>(out + col);
@@ -58,9 +52,7 @@ __global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_const
   for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
   if (valid && lane == 0) {
     const int64_t at = head * int64_t(p.total_q) + row;
-    const bool varlen = p.cu_seqlens_q != nullptr;
-    const float lse = p.lse[varlen ? head * p.lse_head_stride + row
-                                   : row / p.seqlen_q * p.lse_batch_stride + head * p.lse_head_stride + row % p.seqlen_q];
+    const float lse = p.lse[query_row_offset(p, row, head, p.lse_batch_stride, 1, p.lse_head_stride)];
     p.softmax_d[at] = sum;
     p.softmax_d[bwd_lse_log2_offset(p) + at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
   }

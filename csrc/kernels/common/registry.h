@@ -13,11 +13,6 @@
 namespace flash_attn2 {
 
 using FwdLauncher = cudaError_t (*)(const FwdParams&, cudaStream_t);
-
-// The backward's softmax_d workspace: D as (heads, total_q), then LSE * log2(e) in the same layout from
-// this offset, a multiple of 4 so that both arrays' rows share their 16-byte alignment (the Hopper backward
-// loads them with TMA, whose innermost box start must be 16-byte aligned).
-constexpr int64_t bwd_lse_log2_offset(const BwdParams& p) { return (int64_t(p.num_heads) * p.total_q + 3) / 4 * 4; }
 using BwdLauncher = cudaError_t (*)(const BwdParams&, cudaStream_t);
 
 template <int kHeadDim, DType kDType>
@@ -36,6 +31,11 @@ cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 // softmax_d = rowsum(dout o out) in fp32, and LSE * log2(e) after it (bwd_lse_log2_offset), before the
 // main kernel; also clears the dq accumulator and the gradient rows outside every varlen sequence.
 cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
+
+// The backward's softmax_d workspace: D as (heads, total_q), then LSE * log2(e) in the same layout from
+// this offset, a multiple of 4 so that both arrays' rows share their 16-byte alignment (the Hopper backward
+// loads them with TMA, whose innermost box start must be 16-byte aligned).
+constexpr int64_t bwd_lse_log2_offset(const BwdParams& p) { return (int64_t(p.num_heads) * p.total_q + 3) / 4 * 4; }
 
 // Shared memory a block may use on the current device (opt-in limit: 227 KB on H100, 163 KB on A100,
 // 99 KB on sm_86/89).

@@ -10,6 +10,14 @@
 
 namespace flash_attn2 {
 
+// Element offset of query row `row` (of total_q: packed for varlen, batch-major for fixed length) and head
+// `head` in a (batch, seqlen_q, heads, ...) or varlen (total_q, heads, ...) tensor with these strides.
+__host__ __device__ inline int64_t query_row_offset(const FwdParams& p, int64_t row, int head, int64_t batch_stride,
+                                                    int64_t row_stride, int64_t head_stride) {
+  if (p.cu_seqlens_q != nullptr) return row * row_stride + head * head_stride;
+  return (row / p.seqlen_q) * batch_stride + (row % p.seqlen_q) * row_stride + head * head_stride;
+}
+
 // Rows [begin, end) of sequence b in a packed tensor of `total` rows.
 struct RowRange {
   int64_t begin, end;

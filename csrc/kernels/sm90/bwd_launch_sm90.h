@@ -17,7 +17,6 @@ template <int kHeadDim, typename Element>
 __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
   constexpr int kVecsPerRow = kHeadDim / 8;
   const int64_t vecs = int64_t(p.num_heads) * p.total_q * kVecsPerRow;
-  const bool varlen = p.cu_seqlens_q != nullptr;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
     const int col = int(i % kVecsPerRow) * 8;
     const int64_t packed_row = i / kVecsPerRow % p.total_q;
@@ -29,9 +28,8 @@ __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     CUTE_UNROLL
     for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * p.softmax_scale);
-    const int64_t row_offset = varlen ? packed_row * p.dq_row_stride
-                                      : packed_row / p.seqlen_q * p.dq_batch_stride + packed_row % p.seqlen_q * p.dq_row_stride;
-    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.dq) + row_offset + head * p.dq_head_stride + col) = out;
+    const int64_t at = query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.dq) + at + col) = out;
   }
 }
 

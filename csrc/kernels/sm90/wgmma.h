@@ -65,8 +65,8 @@ __device__ __forceinline__ void named_barrier_arrive(int num_threads, int id) {
 }
 
 // A copy op for CuTe's copy(): st.shared of one T (32 or 64 bits). CuTe's swizzled shared-memory pointers
-// round-trip through integers, which loses the address space: plain copies compiled to generic stores,
-// and the proxy fence after them to a full MEMBAR.
+// round-trip through integers, which loses the address space: plain copies compiled to scalar generic
+// stores (ST.E with 64-bit addresses, benchmarks/TUNING.md step 27).
 template <class T>
 struct SharedStore {
   using SRegisters = T[1];
