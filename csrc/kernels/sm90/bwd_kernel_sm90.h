@@ -42,17 +42,6 @@ __host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int 
   return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
 }
 
-// Rows [first, rows) of a (rows, D) shared-memory tile to zero, 16 bytes per store (the swizzle keeps
-// each 8-element chunk contiguous), by `threads` threads; then fenced for the wgmma (async proxy).
-template <class Tensor>
-__device__ void zero_rows(Tensor&& t, int first, int thread, int threads) {
-  constexpr int kRows = decltype(cute::size<0>(t))::value, kChunks = decltype(cute::size<1>(t))::value / 8;
-  for (int i = thread; i < (kRows - first) * kChunks; i += threads) {
-    *reinterpret_cast<uint4*>(cute::raw_pointer_cast(&t(first + i / kChunks, i % kChunks * 8))) = uint4{0, 0, 0, 0};
-  }
-  cutlass::arch::fence_view_async_shared();
-}
-
 }  // namespace sm90
 
 template <class Traits>

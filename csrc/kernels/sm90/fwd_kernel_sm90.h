@@ -225,12 +225,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
     if (warpgroup == zeroer) {
       barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
-      constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row; the swizzle keeps each contiguous
-      for (int i = thread % 128; i < tail * kChunks; i += 128) {
-        const int row = kBlockN - tail + i / kChunks, col = i % kChunks * 8;
-        *reinterpret_cast<uint4*>(raw_pointer_cast(&sV(row, col, v_state.stage))) = uint4{0, 0, 0, 0};
-      }
-      cutlass::arch::fence_view_async_shared();  // the zeros, visible to the wgmma
+      zero_rows(sV(_, _, v_state.stage), kBlockN - tail, thread % 128, 128);
     }
     named_barrier_sync(128 * readers, int(Barrier::kVTail));
   };

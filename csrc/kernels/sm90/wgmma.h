@@ -64,6 +64,17 @@ __device__ __forceinline__ void named_barrier_arrive(int num_threads, int id) {
   cutlass::arch::NamedBarrier::arrive(num_threads, id);
 }
 
+// Rows [first, rows) of a (rows, D) shared-memory tile to zero, 16 bytes per store (the swizzle keeps
+// each 8-element chunk contiguous), by `threads` threads; then fenced for the wgmma (async proxy).
+template <class Tensor>
+__device__ void zero_rows(Tensor&& t, int first, int thread, int threads) {
+  constexpr int kRows = decltype(cute::size<0>(t))::value, kChunks = decltype(cute::size<1>(t))::value / 8;
+  for (int i = thread; i < (kRows - first) * kChunks; i += threads) {
+    *reinterpret_cast<uint4*>(cute::raw_pointer_cast(&t(first + i / kChunks, i % kChunks * 8))) = uint4{0, 0, 0, 0};
+  }
+  cutlass::arch::fence_view_async_shared();
+}
+
 // A copy op for CuTe's copy(): st.shared of one T (32 or 64 bits). CuTe's swizzled shared-memory pointers
 // round-trip through integers, which loses the address space: plain copies compiled to scalar generic
 // stores (ST.E with 64-bit addresses, benchmarks/TUNING.md step 27).
