@@ -246,34 +246,43 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)
     Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-    warpgroup_wait<1>();
-    CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) {
-      const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
+    // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs, then dS^T = P^T o (dP^T - D). Where a pair
+    // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
+    // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
+    auto softmax = [&](auto masked) {
+      auto keep = [&](int r, int c) {
+        if constexpr (decltype(masked)::value) {
+          const int key = key0 + get<0>(tScS(r, 0)), row = row0 + get<1>(tScS(r, c));
+          return row < seq.len_q && key < seq.len_k && !(p.causal && key > row + diag);
+        } else {
+          return true;
+        }
+      };
+      warpgroup_wait<1>();
       CUTE_UNROLL
-      for (int r = 0; r < size<0>(St); ++r) St(r, c) = fast_exp2(St(r, c) * scale_log2 - lse_log2);  // P^T
-    }
-    warpgroup_wait<0>();
-    CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) {
-      const float dsum = smem.dsum[stage][rows_shift + get<1>(tScS(0, c))];
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(St); ++r) dPt(r, c) = St(r, c) * (dPt(r, c) - dsum);  // dS^T
-    }
-    // The mask, where a pair may be hidden: set (not multiplied) to 0, since S^T and dP^T there may be
-    // anything (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
-    if (m_block < blocks.m_unmasked_min || row0 + kBlockM > seq.len_q) {
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(St); ++r) {
-        const int key = key0 + get<0>(tScS(r, 0));
+      for (int c = 0; c < kCols; ++c) {
+        const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          const int row = row0 + get<1>(tScS(r, c));
-          const bool hidden = row >= seq.len_q || key >= seq.len_k || (p.causal && key > row + diag);
-          St(r, c) = hidden ? 0.f : St(r, c);
-          dPt(r, c) = hidden ? 0.f : dPt(r, c);
+        for (int r = 0; r < size<0>(St); ++r) {
+          const float pt = fast_exp2(St(r, c) * scale_log2 - lse_log2);
+          St(r, c) = keep(r, c) ? pt : 0.f;
         }
       }
+      warpgroup_wait<0>();
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float dsum = smem.dsum[stage][rows_shift + get<1>(tScS(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(St); ++r) {
+          const float ds = St(r, c) * (dPt(r, c) - dsum);
+          dPt(r, c) = keep(r, c) ? ds : 0.f;
+        }
+      }
+    };
+    if (m_block < blocks.m_unmasked_min || row0 + kBlockM > seq.len_q) {
+      softmax(std::true_type{});
+    } else {
+      softmax(std::false_type{});
     }
     // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their
     // P^T and dS^T columns are 0), once both warpgroups' S^T and dP^T are done with them.
