@@ -1,7 +1,8 @@
 // Types of one Hopper backward kernel (head dim <= 128): tiles and warpgroups, the five wgmma shapes,
 // shared-memory layouts and storage, TMA descriptors, and the kernel's arguments.
 //
-// A block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams kBlockM = 64 query rows past
+// A block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams kBlockM query rows (128 at head
+// dim 64, where registers allow it, halving the per-step costs per FLOP; else 64) past
 // them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T and
 // dP^T = V dO^T (64 x 64), so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
@@ -22,7 +23,8 @@ namespace flash_attn2 {
 template <int kHeadDim_, typename Element_>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 128, kStages = 3;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kHeadDim <= 64 ? 128 : 64, kBlockN = 128;
+  static constexpr int kStages = kBlockM == 128 ? 2 : 3;  // Q and dO stages (shared memory)
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
