@@ -9,7 +9,7 @@
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
 D=${D:-256}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-python3 -m pip install -q --no-deps .whl/*.whl
+python3 -m pip install -q --no-deps .whl/nvidia_cutlass*.whl
 build() {  # $1: name
   FLASH_ATTN2_HEAD_DIMS=$D FLASH_ATTN2_DTYPES=bf16 FLASH_ATTN2_CUDA_ARCHS=90 python3 setup.py build_ext --inplace > $OUT/build_$1.log 2>&1 || { tail -30 $OUT/build_$1.log; exit 1; }
   mkdir -p /tmp/$1 && cp -r flash_attn2 flash_attn2_cuda*.so /tmp/$1/
