@@ -60,10 +60,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // max_seqlen_k hint can leave keys out).
   const QueryTile tile = QueryTileScheduler<kBlockN, /*kKeys=*/true>::get(p, int(blockIdx.x));
   if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's
-  const int n_block = tile.m_block, bidh_k = tile.bidh, bidb = tile.bidb;
+  const int bidh_k = tile.bidh, bidb = tile.bidb;
   const int group = p.num_heads / p.num_heads_k;
   const int h0 = bidh_k * group;
   const SeqlenInfo seq(p, bidb);
+  // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
+  // first block is seen by the most query rows, so the order is reversed: longest work first.
+  const int n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.m_block;
   const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
 
