@@ -1,6 +1,6 @@
 #!/bin/bash
 # Full default build (a wheel, kept under $OUT/wheel), the whole GPU test suite, compute-sanitizer on small
-# forward calls; then the FA2 grid forward (flash_attn2, sdpa_cudnn) and the model shapes (with sdpa_flash
+# forward and backward calls; then the FA2 grid forward (flash_attn2, sdpa_cudnn) and the model shapes (with sdpa_flash
 # and torch varlen_attn); logs under $OUT. STAGE=test stops after the tests; STAGE=bench skips the build
 # and tests and installs a flash_attn2 wheel carried in .whl/ (one call's ten minutes may not fit both);
 # STAGE=bench_bwd does the same for the backward and fwd_bwd grid rows (HDIMS) and the HF training step;
@@ -27,9 +27,10 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   python3 -m pip install -q --no-deps $OUT/wheel/flash_attn2-*.whl
   timeout ${PYTEST_S:-330} python3 -m pytest tests -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
-  for tool in memcheck racecheck; do
-    PYTHONPATH= timeout 45 compute-sanitizer --tool $tool python3 benchmarks/dev/sanitize_fwd.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -2 | tee -a $OUT/summary.txt
-  done
+  for script in sanitize_fwd sanitize_bwd; do for tool in memcheck racecheck; do
+    echo -n "$script $tool: " | tee -a $OUT/summary.txt
+    PYTHONPATH= timeout 60 compute-sanitizer --tool $tool python3 benchmarks/dev/$script.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -2 | tee -a $OUT/summary.txt
+  done; done
 else
   python3 -m pip install -q --no-deps .whl/flash_attn2-*.whl
 fi

@@ -1,9 +1,10 @@
-# A few small backward calls (fixed and varlen, causal and not, GQA) for compute-sanitizer.
+# A few small backward calls (fixed and varlen, causal and not, GQA 8:2, whose few key blocks split the
+# query heads over 4 blocks on the Hopper path) for compute-sanitizer.
 import torch
 from flash_attn2 import flash_attn_func, flash_attn_varlen_func
 for d in (64, 128):
     for causal in (False, True):
-        q = torch.randn(2, 300, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
         flash_attn_func(q, k, v, causal=causal).sum().backward()
         cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)

@@ -28,6 +28,27 @@ constexpr bool has_bwd_sm90(int head_dim) { return head_dim == 64 || head_dim ==
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 
+// The Hopper backward's blocks per (128-key block, kv head): a GQA group's query heads split over up to 8
+// blocks (power-of-two divisors of the group) while the grid has fewer than two blocks per SM, so that few
+// kv heads still fill the GPU. Split blocks add dK and dV into fp32 accumulators after the dQ accumulator,
+// which bwd_dq_accum_elems sizes from this same answer; so it is a function of p and the current device only.
+constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplitsSm90 = 8;
+inline cudaError_t bwd_head_splits_sm90(const BwdParams& p, int* splits) {
+  *splits = 1;
+  const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
+  if (group == 1) return cudaSuccess;
+  int device = 0, num_sms = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
+  const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kBwdBlockNSm90 + p.batch  // the scheduler's slots
+                                                     : int64_t(p.batch) * ((p.seqlen_k + kBwdBlockNSm90 - 1) / kBwdBlockNSm90);
+  const int64_t key_blocks = per_head * p.num_heads_k;
+  while (*splits * 2 <= kMaxHeadSplitsSm90 && group % (*splits * 2) == 0 && key_blocks * *splits < 2 * int64_t(num_sms)) {
+    *splits *= 2;
+  }
+  return cudaSuccess;
+}
+
 // softmax_d = rowsum(dout o out) in fp32, and LSE * log2(e) after it (bwd_lse_log2_offset), before the
 // main kernel; also clears the dq accumulator and the gradient rows outside every varlen sequence.
 cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);

@@ -8,7 +8,9 @@
 //   S^T = K Q^T, dP^T = V dO^T -> mask -> P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
 //   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (scaled and converted by a second kernel).
-// dK and dV of the group's heads sum in registers; dK is scaled at the end.
+// dK and dV of the group's heads sum in registers; dK is scaled at the end. With few key blocks (GQA, MQA:
+// bwd_head_splits_sm90) a group's query heads split over consecutive blocks, which add their dK and dV
+// shares into fp32 accumulators instead, converted by a third kernel.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
@@ -42,6 +44,17 @@ __host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int 
   return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
 }
 
+// With head splits, dK and dV accumulate in fp32 after the dQ accumulator, each (heads_k, total_k rows,
+// kHeadDim) row-major (bwd_dq_accum_elems leaves room for them); kv = 0 for dK, 1 for dV.
+template <int kHeadDim>
+__host__ __device__ inline int64_t dkv_accum_offset_sm90(const BwdParams& p, int kv, int head_k, int64_t packed_row) {
+  return (int64_t(p.num_heads) * p.total_q + (int64_t(kv) * p.num_heads_k + head_k) * p.total_k + packed_row) * kHeadDim;
+}
+
+__device__ __forceinline__ void red_add_global_x2(float* ptr, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
+}
+
 }  // namespace sm90
 
 template <class Traits>
@@ -58,11 +71,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
 
   // One key block per block: the key-side tile slots (sized from the packed length for varlen, so no
   // max_seqlen_k hint can leave keys out).
-  const QueryTile tile = QueryTileScheduler<kBlockN, /*kKeys=*/true>::get(p, int(blockIdx.x));
+  // With head splits, consecutive blocks share a key block, each with its part of the query-head group.
+  const QueryTile tile = QueryTileScheduler<kBlockN, /*kKeys=*/true>::get(p, int(blockIdx.x) / args.head_splits);
   if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's
   const int bidh_k = tile.bidh, bidb = tile.bidb;
-  const int group = p.num_heads / p.num_heads_k;
-  const int h0 = bidh_k * group;
+  const int group = p.num_heads / p.num_heads_k / args.head_splits;  // query heads of this block
+  const int h0 = bidh_k * group * args.head_splits + int(blockIdx.x) % args.head_splits * group;
   const SeqlenInfo seq(p, bidb);
   // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
   // first block is seen by the most query rows, so the order is reversed: longest work first.
@@ -335,6 +349,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   Tensor dK = rowcol_view(acc_dk);  // (keys, D)
   Tensor dV = rowcol_view(acc_dv);  // (keys, D)
   Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
+  if (args.head_splits > 1) {  // this block's share: fp32 pair reductions (scaled and converted afterwards)
+    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb);
+    float* dk_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 0, bidh_k, first_key);
+    float* dv_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 1, bidh_k, first_key);
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(dK); ++r) {
+      const int key = key0 + get<0>(tdKcdK(r, 0));
+      if (key >= seq.len_k) continue;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dK); c += 2) {
+        const int64_t at = int64_t(key) * kHeadDim + get<1>(tdKcdK(r, c));
+        red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
+        red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
+      }
+    }
+    return;
+  }
   Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
   Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
   CUTE_UNROLL

@@ -1,5 +1,5 @@
 // Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
-// fp32 accumulator. The preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum)
+// fp32 accumulator (and, with head splits, dK and dV from theirs). The preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum)
 // runs before, as for SM80.
 #pragma once
 
@@ -33,6 +33,36 @@ __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
   }
 }
 
+// With head splits: dK = softmax_scale * accumulator and dV = accumulator, in the input dtype, for every
+// key row (rows outside every sequence get the zeros their accumulators hold), 8 elements per thread and step.
+template <int kHeadDim, typename Element>
+__global__ void convert_dkv_kernel_sm90(const __grid_constant__ BwdParams p) {
+  constexpr int kVecsPerRow = kHeadDim / 8;
+  const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * kVecsPerRow;
+  const bool varlen = p.cu_seqlens_k != nullptr;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
+    const int col = int(i % kVecsPerRow) * 8;
+    const int64_t packed_row = i / kVecsPerRow % p.total_k;
+    const int head_k = int(i / kVecsPerRow / p.total_k % p.num_heads_k);
+    const int kv = int(i / kVecsPerRow / p.total_k / p.num_heads_k);  // 0: dK, 1: dV
+    if (col >= p.head_dim) continue;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + sm90::dkv_accum_offset_sm90<kHeadDim>(p, kv, head_k, packed_row) + col);
+    const float4 a = src[0], b = src[1];
+    const float scale = kv == 0 ? p.softmax_scale : 1.f;
+    cutlass::Array<Element, 8> out;
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * scale);
+    const int64_t batch_stride = kv == 0 ? p.dk_batch_stride : p.dv_batch_stride;
+    const int64_t row_stride = kv == 0 ? p.dk_row_stride : p.dv_row_stride;
+    const int64_t head_stride = kv == 0 ? p.dk_head_stride : p.dv_head_stride;
+    const int64_t row_offset = varlen ? packed_row * row_stride
+                                      : packed_row / p.seqlen_k * batch_stride + packed_row % p.seqlen_k * row_stride;
+    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(kv == 0 ? p.dk : p.dv) + row_offset +
+                                                   head_k * head_stride + col) = out;
+  }
+}
+
 // A 1-D TMA over `elements` floats (D and LSE), read in boxes of kRowsBox (traits).
 template <class Traits>
 typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
@@ -45,8 +75,11 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsSm90<kHeadDim, ElementOf<kDType>>;
   if (p.num_splits > 0) return cudaErrorNotSupported;  // deterministic mode: the SM80 backward
-  const int64_t num_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
-  if (num_blocks == 0) return cudaSuccess;
+  const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
+  if (key_blocks == 0) return cudaSuccess;
+  int head_splits = 1;
+  if (cudaError_t err = bwd_head_splits_sm90(p, &head_splits)) return err;
+  const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = &bwd_kernel_sm90<Traits>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
@@ -71,6 +104,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
           p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{}),
       make_tma_rows<Traits>(p.softmax_d, rows_extent),
       int(rows_extent),
+      head_splits,
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
@@ -80,6 +114,11 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   const int64_t convert_blocks = vecs > 0 ? std::min<int64_t>((vecs + 255) / 256, 65536) : 0;
   if (convert_blocks > 0) {
     convert_dq_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(convert_blocks), 256, 0, stream>>>(p);
+  }
+  if (head_splits > 1) {
+    const int64_t kv_vecs = 2 * int64_t(p.num_heads_k) * p.total_k * (kHeadDim / 8);
+    const int64_t kv_blocks = std::min<int64_t>((kv_vecs + 255) / 256, 65536);
+    if (kv_blocks > 0) convert_dkv_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(kv_blocks), 256, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -15,6 +15,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/registry.h"
 #include "flash_attn2/flash_attn2.h"
 #include "sm90/tma_encode.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
@@ -23,7 +24,7 @@ namespace flash_attn2 {
 template <int kHeadDim_, typename Element_>
 struct BwdTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = kHeadDim <= 64 ? 128 : 64, kBlockN = 128;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kHeadDim <= 64 ? 128 : 64, kBlockN = kBwdBlockNSm90;
   static constexpr int kStages = kBlockM == 128 ? 2 : 3;  // Q and dO stages (shared memory)
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -122,6 +123,9 @@ struct BwdArgsSm90 {
   typename Traits::TmadQ tma_dq;
   typename Traits::TmaRows tma_rows;  // over softmax_d: D, then LSE (log2)
   int rows_extent;
+  // Blocks per (key block, kv head), each taking group / head_splits of the query heads; above 1 they add
+  // dK and dV into fp32 accumulators after dq_accum's region (dkv_accum_offset_sm90), converted afterwards.
+  int head_splits;
 };
 
 }  // namespace flash_attn2
