@@ -194,6 +194,22 @@ def test_float32_inputs_run_in_transformers_target_dtype(backend, context):
     assert max_error(out, expected) < 1e-2
 
 
+def test_packing_is_found_once_per_position_ids(monkeypatch):
+    """Every layer gets the same position_ids: the packing answer (a device sync) is computed once for it, and
+    again for a new tensor or after an in-place change."""
+    calls = []
+    find = integration._find_packing
+    monkeypatch.setattr(integration, "_find_packing", lambda *a: calls.append(1) or find(*a))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    for _ in range(3):
+        cu_seqlens, max_seqlen = integration._packed_cu_seqlens(packed, 1, 6)
+    assert len(calls) == 1 and cu_seqlens.tolist() == [0, 3, 5, 6] and max_seqlen == 3
+    packed[0, 3:] = torch.tensor([3, 4, 5])  # one sequence now
+    assert integration._packed_cu_seqlens(packed, 1, 6) is None and len(calls) == 2
+    assert integration._packed_cu_seqlens(torch.arange(6)[None], 1, 6) is None and len(calls) == 3
+    assert integration._packed_cu_seqlens(packed, 2, 6) is None and len(calls) == 4  # another batch size
+
+
 # ----------------------------------------------------------------------------------------------------
 # Registration and imports
 
