@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from flash_attn2 import _ops
+from flash_attn2._build_config import BWD_SM90_HEAD_DIMS
 
 
 def _cuobjdump():
@@ -51,4 +52,4 @@ def test_hopper_forward_kernels_use_wgmma():
 
 
 def test_hopper_backward_kernels_use_wgmma():
-    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), (64, 128), "backward")
+    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), BWD_SM90_HEAD_DIMS, "backward")

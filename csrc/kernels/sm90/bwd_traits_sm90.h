@@ -76,7 +76,9 @@ struct BwdTraitsSm90 {
                                                 cute::Step<cute::_2, cute::_1>{})));
 
   // One warpgroup's fp32 dQ share: the 128-byte swizzle makes the accumulator's pair stores conflict-free.
-  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, TiledQ{}));
+  using SmemAtomdQ = std::conditional_t<kHalfD % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
+                                        cute::GMMA::Layout_K_SW64_Atom<float>>;  // 16 columns at d 32
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}));
 
   using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
   using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
