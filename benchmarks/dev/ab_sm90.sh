@@ -22,7 +22,7 @@ for dir in ${VARIANTS:-benchmarks/dev/old} /tmp/tree_h; do
   s=$(date +%s) && build $name && echo "$name ($dir) built in $(( $(date +%s) - s )) s"
   names+=($name)
 done
-timeout 150 python3 -m pytest ${TESTS:-tests/test_forward.py tests/test_varlen_safety.py} -q -x -p no:cacheprovider 2>&1 | tail -2
+timeout 150 python3 -m pytest ${TESTS:-tests/test_forward.py tests/test_varlen_safety.py} -q -x -rf -p no:cacheprovider 2>&1 | tail -4
 if [ -n "${SAN:-}" ]; then
   for tool in memcheck racecheck; do
     PYTHONPATH=/tmp/${names[-1]} timeout 120 compute-sanitizer --tool $tool python3 benchmarks/dev/${SAN_SCRIPT:-sanitize_fwd}.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|small:|Error" | head -5
