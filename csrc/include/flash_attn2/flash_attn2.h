@@ -97,7 +97,8 @@ struct BwdParams : FwdParams {
 // num_splits for a deterministic backward on a GPU with num_sms multiprocessors.
 int bwd_deterministic_splits(const BwdParams& params, int num_sms);
 
-// fp32 elements of workspace needed by softmax_d and dq_accum for these params.
+// fp32 elements of workspace needed by softmax_d and dq_accum for these params. dq_accum's size depends
+// on the kernel the backward will pick (its GPU, FLASH_ATTN2_BACKEND): ask on the device that runs it.
 int64_t bwd_softmax_d_elems(const BwdParams& params);
 int64_t bwd_dq_accum_elems(const BwdParams& params);
 
