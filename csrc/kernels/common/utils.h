@@ -35,6 +35,16 @@ __device__ __forceinline__ void red_add_global_x4(float* ptr, float a, float b, 
 #endif
 }
 
+// The same for two values (8-byte aligned).
+__device__ __forceinline__ void red_add_global_x2(float* ptr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
+#else
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr), "f"(a) : "memory");
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(ptr + 1), "f"(b) : "memory");
+#endif
+}
+
 // An m16n8 accumulator row is spread over the 4 threads of a quad.
 template <class Op>
 __device__ __forceinline__ float quad_allreduce(float x, Op op) {

@@ -51,10 +51,6 @@ __host__ __device__ inline int64_t dkv_accum_offset_sm90(const BwdParams& p, int
   return (int64_t(p.num_heads) * p.total_q + (int64_t(kv) * p.num_heads_k + head_k) * p.total_k + packed_row) * kHeadDim;
 }
 
-__device__ __forceinline__ void red_add_global_x2(float* ptr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
-}
-
 }  // namespace sm90
 
 template <class Traits>

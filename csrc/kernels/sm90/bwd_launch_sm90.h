@@ -1,6 +1,6 @@
 // Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
-// fp32 accumulator (and, with head splits, dK and dV from theirs). The preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum)
-// runs before, as for SM80.
+// fp32 accumulator (and, with head splits, dK and dV from theirs). The preprocess (D = rowsum(dO o O) and
+// LSE * log2(e) side by side, zeroed dq_accum) runs before, as for SM80.
 #pragma once
 
 #include <climits>
