@@ -3,6 +3,7 @@
 # headers, built in turn as A, B, ...; the working tree is built last. bf16, head dims $D; timed interleaved
 # (CASES="d,causal,seqlen ...", ROUNDS processes each, the order rotated; PASS=bwd or fwd_bwd for the
 # backward); tests on the working tree (TESTS=...); SAN=1 adds memcheck/racecheck.
+# A directory holding csrc/ (variants.sh with FULL=1) replaces the whole csrc/ and flash_attn2/ instead.
 # The directories must lie in the working tree (untracked) to reach the device, e.g.
 #   mkdir -p benchmarks/dev/old && for f in fwd_kernel_sm90.h fwd_launch_sm90.h fwd_traits_sm90.h wgmma.h; do
 #     git show REF:csrc/kernels/sm90/$f > benchmarks/dev/old/$f; done
@@ -15,10 +16,16 @@ build() {  # $1: name
   mkdir -p /tmp/$1 && cp -r flash_attn2 flash_attn2_cuda*.so /tmp/$1/
 }
 mkdir -p /tmp/tree_h && cp csrc/kernels/sm90/*.h /tmp/tree_h/
+rm -rf /tmp/tree_full && mkdir -p /tmp/tree_full && cp -r csrc flash_attn2 /tmp/tree_full/
 names=()
 for dir in ${VARIANTS:-benchmarks/dev/old} /tmp/tree_h; do
   name=$(printf "\\x$(printf %x $((65 + ${#names[@]})))")
-  cp /tmp/tree_h/*.h csrc/kernels/sm90/ && cp $dir/*.h csrc/kernels/sm90/
+  rm -rf csrc flash_attn2 && cp -r /tmp/tree_full/csrc /tmp/tree_full/flash_attn2 .
+  if [ -d $dir/csrc ]; then
+    rm -rf csrc flash_attn2 && cp -r $dir/csrc $dir/flash_attn2 .
+  else
+    cp $dir/*.h csrc/kernels/sm90/
+  fi
   s=$(date +%s) && build $name && echo "$name ($dir) built in $(( $(date +%s) - s )) s"
   names+=($name)
 done
