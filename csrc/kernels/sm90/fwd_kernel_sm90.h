@@ -169,7 +169,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   using namespace cute;
   const FwdParams& p = args.params;
   using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
   constexpr int kGroups = Traits::kConsumerWarpgroups;
   const int warpgroup = __shfl_sync(0xffffffff, thread / 128, 0);  // warp-uniform: a uniform register
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
@@ -336,15 +336,11 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
   } else {
     named_barrier_sync(128, epilogue_barrier);
+    const int row0 = m_block * kBlockM + warpgroup * 64;  // this warpgroup's slab
     Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
-                   bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
-    constexpr int kVecsPerRow = kHeadDim / 8;
-    for (int i = thread % 128; i < 64 * kVecsPerRow; i += 128) {
-      const int row = warpgroup * 64 + i / kVecsPerRow, col = i % kVecsPerRow * 8;
-      if (row < rows_left && col < p.head_dim) {
-        *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = *reinterpret_cast<const uint4*>(&sO(row, col));
-      }
-    }
+                   bidh * p.o_head_stride + int64_t(row0) * p.o_row_stride;
+    Tensor sOw = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(warpgroup, _0{}));  // (64, D)
+    store_rows(sOw, out, p.o_row_stride, rows_left - warpgroup * 64, p.head_dim, thread % 128, 128);
   }
   if constexpr (!Traits::kSeparateO) {  // the slab is Q's: free once read
     if (tma_store) {

@@ -75,6 +75,23 @@ __device__ void zero_rows(Tensor&& t, int first, int thread, int threads) {
   cutlass::arch::fence_view_async_shared();
 }
 
+// Rows [0, rows) of a (R, D) shared-memory tile to out + row * row_stride, columns below `columns`, 16
+// bytes per load and store (coalesced rows; the swizzle keeps each 8-element chunk contiguous), by
+// `threads` threads: the row-store epilogue where TMA cannot clip (varlen, whose next rows belong to
+// another sequence).
+template <class Tensor, typename Element>
+__device__ void store_rows(const Tensor& t, Element* out, int64_t row_stride, int rows, int columns, int thread,
+                           int threads) {
+  constexpr int kRows = decltype(cute::size<0>(t))::value, kChunks = decltype(cute::size<1>(t))::value / 8;
+  for (int i = thread; i < kRows * kChunks; i += threads) {
+    const int row = i / kChunks, col = i % kChunks * 8;
+    if (row < rows && col < columns) {
+      *reinterpret_cast<uint4*>(out + row * row_stride + col) =
+          *reinterpret_cast<const uint4*>(cute::raw_pointer_cast(&t(row, col)));
+    }
+  }
+}
+
 // A copy op for CuTe's copy(): st.shared of one T (32 or 64 bits). CuTe's swizzled shared-memory pointers
 // round-trip through integers, which loses the address space: plain copies compiled to scalar generic
 // stores (ST.E with 64-bit addresses, benchmarks/TUNING.md step 27).
