@@ -1,5 +1,6 @@
 # Points of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times them (rounds, order
-# rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs; PASS=bwd or fwd_bwd times that pass.
+# rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs, DETERMINISTIC=1 our deterministic
+# backward; PASS=bwd or fwd_bwd times that pass.
 # A case may name its own pass and a GQA shape (heads, kv heads, batch) instead of the grid's:
 #   python benchmarks/dev/time_fwd.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,PASS[,H,H_KV,BATCH]] [...]
 import os
@@ -7,6 +8,7 @@ import sys
 
 import torch
 
+from flash_attn2 import flash_attn_func
 from flash_attn2.benchmark import HIDDEN, TOKENS, flops, make_fn, pass_fn, time_interleaved, warm_up_gpu
 
 warm_up_gpu(2)
@@ -21,6 +23,9 @@ for case in sys.argv[1:]:
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = {impl: pass_fn(make_fn(impl, q, k, v, bool(causal)), pass_, (q, k, v), dout) for impl in impls}
+    if os.environ.get("DETERMINISTIC"):
+        runs["deterministic"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), deterministic=True),
+                                        pass_, (q, k, v), dout)
     times = time_interleaved(runs, reps=20)
     for impl, ms in times.items():
         tflops = flops(b, h, s, d, bool(causal), pass_) / ms / 1e9
