@@ -11,11 +11,20 @@
 namespace flash_attn2 {
 
 // Element offset of query row `row` (of total_q: packed for varlen, batch-major for fixed length) and head
-// `head` in a (batch, seqlen_q, heads, ...) or varlen (total_q, heads, ...) tensor with these strides.
+// `head` in a (batch, seqlen_q, heads, ...) or varlen (total_q, heads, ...) tensor with these strides;
+// key_row_offset the same over total_k and seqlen_k.
+__host__ __device__ inline int64_t packed_row_offset(bool varlen, int seqlen, int64_t row, int head, int64_t batch_stride,
+                                                     int64_t row_stride, int64_t head_stride) {
+  if (varlen) return row * row_stride + head * head_stride;
+  return (row / seqlen) * batch_stride + (row % seqlen) * row_stride + head * head_stride;
+}
 __host__ __device__ inline int64_t query_row_offset(const FwdParams& p, int64_t row, int head, int64_t batch_stride,
                                                     int64_t row_stride, int64_t head_stride) {
-  if (p.cu_seqlens_q != nullptr) return row * row_stride + head * head_stride;
-  return (row / p.seqlen_q) * batch_stride + (row % p.seqlen_q) * row_stride + head * head_stride;
+  return packed_row_offset(p.cu_seqlens_q != nullptr, p.seqlen_q, row, head, batch_stride, row_stride, head_stride);
+}
+__host__ __device__ inline int64_t key_row_offset(const FwdParams& p, int64_t row, int head, int64_t batch_stride,
+                                                  int64_t row_stride, int64_t head_stride) {
+  return packed_row_offset(p.cu_seqlens_k != nullptr, p.seqlen_k, row, head, batch_stride, row_stride, head_stride);
 }
 
 // Rows [begin, end) of sequence b in a packed tensor of `total` rows.

@@ -3,6 +3,7 @@
 // LSE * log2(e) side by side, zeroed dq_accum) runs before, as for SM80.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 
 #include "common/registry.h"
@@ -11,6 +12,20 @@
 #include "sm90/tma_encode.h"
 
 namespace flash_attn2 {
+
+// dst[0..8) = scale * src[0..8) in the input dtype: one 16-byte store from two 16-byte loads.
+template <typename Element>
+__device__ __forceinline__ void convert8(const float* src, float scale, Element* dst) {
+  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  cutlass::Array<Element, 8> out;
+  CUTE_UNROLL
+  for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * scale);
+  *reinterpret_cast<cutlass::Array<Element, 8>*>(dst) = out;
+}
+
+// Grid-stride blocks of 256 threads for `vecs` 8-element conversions (at most 65536; 0 for none).
+inline int64_t convert_blocks(int64_t vecs) { return vecs > 0 ? std::min<int64_t>((vecs + 255) / 256, 65536) : 0; }
 
 // dQ = softmax_scale * accumulator, in the input dtype: 8 elements (16 bytes out) per thread and step.
 template <int kHeadDim, typename Element>
@@ -22,14 +37,9 @@ __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
     const int64_t packed_row = i / kVecsPerRow % p.total_q;
     const int head = int(i / kVecsPerRow / p.total_q);
     if (col >= p.head_dim) continue;
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + sm90::dq_accum_offset_sm90<kHeadDim>(p, head, packed_row) + col);
-    const float4 a = src[0], b = src[1];
-    cutlass::Array<Element, 8> out;
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    CUTE_UNROLL
-    for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * p.softmax_scale);
     const int64_t at = query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(p.dq) + at + col) = out;
+    convert8(p.dq_accum + sm90::dq_accum_offset_sm90<kHeadDim>(p, head, packed_row) + col, p.softmax_scale,
+             static_cast<Element*>(p.dq) + at + col);
   }
 }
 
@@ -39,27 +49,16 @@ template <int kHeadDim, typename Element>
 __global__ void convert_dkv_kernel_sm90(const __grid_constant__ BwdParams p) {
   constexpr int kVecsPerRow = kHeadDim / 8;
   const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * kVecsPerRow;
-  const bool varlen = p.cu_seqlens_k != nullptr;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
     const int col = int(i % kVecsPerRow) * 8;
     const int64_t packed_row = i / kVecsPerRow % p.total_k;
     const int head_k = int(i / kVecsPerRow / p.total_k % p.num_heads_k);
-    const int kv = int(i / kVecsPerRow / p.total_k / p.num_heads_k);  // 0: dK, 1: dV
+    const bool is_dk = i / kVecsPerRow / p.total_k / p.num_heads_k == 0;
     if (col >= p.head_dim) continue;
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + sm90::dkv_accum_offset_sm90<kHeadDim>(p, kv, head_k, packed_row) + col);
-    const float4 a = src[0], b = src[1];
-    const float scale = kv == 0 ? p.softmax_scale : 1.f;
-    cutlass::Array<Element, 8> out;
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    CUTE_UNROLL
-    for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * scale);
-    const int64_t batch_stride = kv == 0 ? p.dk_batch_stride : p.dv_batch_stride;
-    const int64_t row_stride = kv == 0 ? p.dk_row_stride : p.dv_row_stride;
-    const int64_t head_stride = kv == 0 ? p.dk_head_stride : p.dv_head_stride;
-    const int64_t row_offset = varlen ? packed_row * row_stride
-                                      : packed_row / p.seqlen_k * batch_stride + packed_row % p.seqlen_k * row_stride;
-    *reinterpret_cast<cutlass::Array<Element, 8>*>(static_cast<Element*>(kv == 0 ? p.dk : p.dv) + row_offset +
-                                                   head_k * head_stride + col) = out;
+    const int64_t at = is_dk ? key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
+                             : key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    convert8(p.dq_accum + sm90::dkv_accum_offset_sm90<kHeadDim>(p, is_dk ? 0 : 1, head_k, packed_row) + col,
+             is_dk ? p.softmax_scale : 1.f, static_cast<Element*>(is_dk ? p.dk : p.dv) + at + col);
   }
 }
 
@@ -110,15 +109,12 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
   if (cudaError_t err = cudaGetLastError()) return err;
 
-  const int64_t vecs = int64_t(p.num_heads) * p.total_q * (kHeadDim / 8);
-  const int64_t convert_blocks = vecs > 0 ? std::min<int64_t>((vecs + 255) / 256, 65536) : 0;
-  if (convert_blocks > 0) {
-    convert_dq_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(convert_blocks), 256, 0, stream>>>(p);
+  if (const int64_t blocks = convert_blocks(int64_t(p.num_heads) * p.total_q * (kHeadDim / 8))) {
+    convert_dq_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(blocks), 256, 0, stream>>>(p);
   }
-  if (head_splits > 1) {
-    const int64_t kv_vecs = 2 * int64_t(p.num_heads_k) * p.total_k * (kHeadDim / 8);
-    const int64_t kv_blocks = std::min<int64_t>((kv_vecs + 255) / 256, 65536);
-    if (kv_blocks > 0) convert_dkv_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(kv_blocks), 256, 0, stream>>>(p);
+  const int64_t kv_blocks = head_splits > 1 ? convert_blocks(2 * int64_t(p.num_heads_k) * p.total_k * (kHeadDim / 8)) : 0;
+  if (kv_blocks > 0) {
+    convert_dkv_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(kv_blocks), 256, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
