@@ -341,45 +341,42 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
   }
 
-  // dK = scale dS^T Q; both leave from registers, two elements per store, rows and columns clipped.
+  // dK and dV leave from registers, two elements at a time, keys past the sequence clipped: with head
+  // splits this block's fp32 share (scaled and converted afterwards), else dK = scale dS^T Q and dV.
   Tensor dK = rowcol_view(acc_dk);  // (keys, D)
   Tensor dV = rowcol_view(acc_dv);  // (keys, D)
   Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
-  if (args.head_splits > 1) {  // this block's share: fp32 pair reductions (scaled and converted afterwards)
-    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb);
-    float* dk_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 0, bidh_k, first_key);
-    float* dv_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 1, bidh_k, first_key);
+  auto for_each_pair = [&](auto&& f) {  // f(key, column, r, c) for the pairs (r, c), (r, c + 1)
     CUTE_UNROLL
     for (int r = 0; r < size<0>(dK); ++r) {
       const int key = key0 + get<0>(tdKcdK(r, 0));
       if (key >= seq.len_k) continue;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(dK); c += 2) {
-        const int64_t at = int64_t(key) * kHeadDim + get<1>(tdKcdK(r, c));
-        red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
-        red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
-      }
+      for (int c = 0; c < size<1>(dK); c += 2) f(key, get<1>(tdKcdK(r, c)), r, c);
     }
+  };
+  if (args.head_splits > 1) {
+    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb);
+    float* dk_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 0, bidh_k, first_key);
+    float* dv_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 1, bidh_k, first_key);
+    for_each_pair([&](int key, int col, int r, int c) {
+      const int64_t at = int64_t(key) * kHeadDim + col;
+      red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
+      red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
+    });
     return;
   }
   Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
   Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
-  CUTE_UNROLL
-  for (int r = 0; r < size<0>(dK); ++r) {
-    const int key = key0 + get<0>(tdKcdK(r, 0));
-    if (key >= seq.len_k) continue;
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(dK); c += 2) {
-      const int col = get<1>(tdKcdK(r, c));
-      if (col >= p.head_dim) continue;
-      using Pair = cutlass::Array<Element, 2>;
-      Pair k2, v2;
-      k2[0] = Element(dK(r, c) * p.softmax_scale), k2[1] = Element(dK(r, c + 1) * p.softmax_scale);
-      v2[0] = Element(dV(r, c)), v2[1] = Element(dV(r, c + 1));
-      *reinterpret_cast<Pair*>(dk + int64_t(key) * p.dk_row_stride + col) = k2;
-      *reinterpret_cast<Pair*>(dv + int64_t(key) * p.dv_row_stride + col) = v2;
-    }
-  }
+  for_each_pair([&](int key, int col, int r, int c) {
+    if (col >= p.head_dim) return;
+    using Pair = cutlass::Array<Element, 2>;
+    Pair k2, v2;
+    k2[0] = Element(dK(r, c) * p.softmax_scale), k2[1] = Element(dK(r, c + 1) * p.softmax_scale);
+    v2[0] = Element(dV(r, c)), v2[1] = Element(dV(r, c + 1));
+    *reinterpret_cast<Pair*>(dk + int64_t(key) * p.dk_row_stride + col) = k2;
+    *reinterpret_cast<Pair*>(dv + int64_t(key) * p.dv_row_stride + col) = v2;
+  });
 #endif
 }
 
