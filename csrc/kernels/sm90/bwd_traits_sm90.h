@@ -126,7 +126,7 @@ struct BwdArgsSm90 {
   typename Traits::TmaRows tma_rows;  // over softmax_d: D, then LSE (log2)
   int rows_extent;
   // Blocks per (key block, kv head), each taking group / head_splits of the query heads; above 1 they add
-  // dK and dV into fp32 accumulators after dq_accum's region (dkv_accum_offset_sm90), converted afterwards.
+  // dK and dV into fp32 accumulators after dq_accum's region (bwd_dkv_accum_offset), converted afterwards.
   int head_splits;
 };
 
