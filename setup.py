@@ -37,6 +37,9 @@ def _extension_and_cmdclass():
         if torch.cuda.is_available():
             visible = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
         archs = cfg.selected_archs(os.environ, visible)
+        # torch has libstdc++ loaded by now; cpp_extension links with CXX (else c++).
+        link_args = cfg.libstdcxx_link_args(cfg.toolchain_libstdcxx_so(os.environ.get("CXX", "c++")),
+                                            cfg.loaded_library("libstdc++.so.6"))
     except (cfg.PreflightError, ValueError) as e:
         sys.exit(f"flash_attn2 build: {e}")
 
@@ -46,7 +49,8 @@ def _extension_and_cmdclass():
     compact = f"-DFLASH_ATTN2_COMPACT_TILES={int(cfg.compact_tiles())}"
     print(f"flash_attn2 build: archs {built}; forward {'+'.join(fwd_paths)}; compact tiles {cfg.compact_tiles()}; "
           f"head dims {head_dims}; dtypes {dtypes}; "
-          f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}")
+          f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}"
+          + (f"; libstdc++ from {link_args[0]} (the compiler has only a static one)" if link_args else ""))
 
     ext = cpp_extension.CUDAExtension(
         name="flash_attn2_cuda",
@@ -59,6 +63,7 @@ def _extension_and_cmdclass():
             "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills", compact]
             + cfg.gencode_flags(archs),
         },
+        extra_link_args=link_args,
     )
     return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)}
 

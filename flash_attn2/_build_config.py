@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 
 HEAD_DIMS = (32, 64, 96, 128, 160, 192, 224, 256)
@@ -213,3 +214,39 @@ def cutlass_include_dir(env=os.environ, repo_root: str = ".") -> str:
     if not os.path.isfile(os.path.join(include, "cute", "tensor.hpp")):
         raise PreflightError(f"{origin}: no cute/tensor.hpp under {include}")
     return include
+
+
+def loaded_library(soname: str, maps: str = "/proc/self/maps") -> str | None:
+    """The file this process has the library `soname` (e.g. libstdc++.so.6) mapped from, if any (Linux):
+    the soname itself or a versioned name behind it (libstdc++.so.6.0.33)."""
+    try:
+        with open(maps) as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                name = os.path.basename(path)
+                if name == soname or name.startswith(soname + "."):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def libstdcxx_link_args(toolchain_libstdcxx_so: str, torch_libstdcxx: str | None) -> list[str]:
+    """Keeps libstdc++ shared. A toolchain with only libstdc++.a (its `-print-file-name=libstdc++.so`
+    answers the bare name) copies it into the extension, where -Bsymbolic-functions binds the copy's
+    functions locally but its data (the locale facets' ids) to the libstdc++.so.6 torch already loaded:
+    every C++ error that formats a number then crashes the process. Naming that libstdc++.so.6 ahead of
+    the driver's -lstdc++ leaves the archive nothing to supply."""
+    if os.path.isabs(toolchain_libstdcxx_so) or torch_libstdcxx is None:
+        return []
+    return [torch_libstdcxx]
+
+
+def toolchain_libstdcxx_so(cxx: str) -> str:
+    """What `cxx -print-file-name=libstdc++.so` answers: a path where the toolchain has the shared library."""
+    try:
+        out = subprocess.run([*shlex.split(cxx), "-print-file-name=libstdc++.so"], capture_output=True, text=True, timeout=60)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "/"  # not a GCC-style driver: leave its linking alone

@@ -34,6 +34,15 @@ def test_unsupported_options_raise_not_implemented(kwargs, match):
         flash_attn2.flash_attn_func(*qkv(), **kwargs)
 
 
+def test_extension_errors_format_numbers():
+    """The extension's own checks, past the Python ones, raise with numbers in their messages: built with a
+    compiler that has only a static libstdc++, they crashed the process here instead (setup.py now links
+    torch's shared one)."""
+    q = torch.randn(2, 16, 64, dtype=BF16)
+    with pytest.raises(RuntimeError, match="q must have 4 dimensions, got 3"):
+        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False)
+
+
 def test_block_table_not_implemented():
     with pytest.raises(NotImplementedError, match="block_table"):
         flash_attn2.flash_attn_varlen_func(*varlen_args(), block_table=torch.zeros(2, 1, dtype=torch.int32))

@@ -106,3 +106,16 @@ def test_forward_paths(archs, env, paths):
 ])
 def test_compact_tiles(env, compact):
     assert cfg.compact_tiles(env) == compact
+
+
+def test_libstdcxx_stays_shared(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f99 r--p 00000000 fe:00 339903     /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33\n"
+                    "7f99-7fa0 r-xp 00000000 fe:00 339904     /usr/lib/x86_64-linux-gnu/libstdc++fs.so.1\n")
+    loaded = cfg.loaded_library("libstdc++.so.6", str(maps))
+    assert loaded == "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33"
+    assert cfg.loaded_library("libc10.so", str(maps)) is None
+    # A toolchain with only libstdc++.a links torch's shared copy explicitly; one with libstdc++.so is left alone.
+    assert cfg.libstdcxx_link_args("libstdc++.so", loaded) == [loaded]
+    assert cfg.libstdcxx_link_args("/usr/lib/gcc/x86_64-linux-gnu/13/libstdc++.so", loaded) == []
+    assert cfg.libstdcxx_link_args("libstdc++.so", None) == []

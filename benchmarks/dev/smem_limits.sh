@@ -10,7 +10,7 @@ if ! ls flash_attn2_cuda*.so > /dev/null 2>&1; then
   s=$(date +%s)
   FLASH_ATTN2_HEAD_DIMS=${D:-64,160,256} FLASH_ATTN2_COMPACT_TILES=1 FLASH_ATTN2_SM80_FWD=1 FLASH_ATTN2_CUDA_ARCHS=90 \
     python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
-  echo "build $(( $(date +%s) - s )) s"
+  echo "build $(( $(date +%s) - s )) s"; grep -o "libstdc++ from.*" $OUT/build.log | head -1; ldd flash_attn2_cuda*.so | grep stdc
 fi
 gcc -shared -fPIC -o /tmp/segv_trace.so benchmarks/dev/segv_trace.c
 LD_PRELOAD=/tmp/segv_trace.so timeout ${PYTEST_S:-240} python3 -m pytest ${TESTS:-tests/test_smem_limits.py} -v -p no:faulthandler \
