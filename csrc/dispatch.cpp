@@ -244,16 +244,11 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   const int64_t sm80 = int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
-  // The Hopper backward: dQ (heads, total_q rows), then with head splits dK and dV (heads_k, total_k rows).
+  const int64_t sm90 = int64_t(p.num_heads) * p.total_q * bucket;  // the Hopper backward's (heads, total_q rows)
+  // Then, with head splits, dK and dV (bwd_dkv_accum_offset).
   int head_splits = 1;
-  if (bucket != 0) {
-    const Kernels& k = kernels(bucket, p.dtype);
-    if (k.bwd_sm90 != nullptr && pick_bwd(k, p) == k.bwd_sm90 && bwd_head_splits_sm90(p, &head_splits) != cudaSuccess) {
-      head_splits = 1;  // the launch meets the same error and reports it
-    }
-  }
-  const int64_t sm90 = (int64_t(p.num_heads) * p.total_q + (head_splits > 1 ? 2 * int64_t(p.num_heads_k) * p.total_k : 0)) * bucket;
-  return std::max(sm80, sm90);
+  if (bwd_head_splits(p, &head_splits) != cudaSuccess) head_splits = 1;  // the launch meets the error and says it
+  return std::max(sm80, sm90) + (head_splits > 1 ? 2 * int64_t(p.num_heads_k) * p.total_k * bucket : 0);
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {

@@ -60,6 +60,33 @@ def test_bwd_varlen(seqlens, group, causal, head_dim, dtype):
     check_grads(grads, ref[1:], ref_pt[1:])
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sm80_backward_head_splits(causal, varlen, head_dim, monkeypatch):
+    """GQA 8:1 with few key blocks on the SM80 backward (forced; sm_90 takes the Hopper one at these head
+    dims): the query heads split over several blocks per key block, dK / dV through fp32 accumulators."""
+    dtype = torch.bfloat16
+    require_kernel(head_dim, dtype)
+
+    def sm80_backward():
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+
+    if varlen:
+        lens = [1, 300, 0, 129]
+        cu_q, cu_k, q, k, v = varlen_inputs(lens, lens, 8, 8, head_dim, dtype)
+        dout = randn(*q.shape, dtype=dtype)
+        grads = run_backward(q, k, v, dout, cu_q, cu_k, max(lens), max(lens), causal, before_backward=sm80_backward)
+        ref, ref_pt = reference_grads(
+            lambda q, k, v, up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up)[0], (q, k, v), dout)
+    else:
+        q, k, v = dense_inputs(2, 300, 257, 8, 8, head_dim, dtype)
+        dout = randn(*q.shape, dtype=dtype)
+        grads = run_backward(q, k, v, dout, None, None, 300, 257, causal, before_backward=sm80_backward)
+        ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up)[0], (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [8, 40, 59, 100, 200, 256])
 @pytest.mark.parametrize("causal", [False, True])

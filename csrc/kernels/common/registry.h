@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "flash_attn2/flash_attn2.h"
+#include "sm80/tile_sizes.h"  // bwd_block_m
 
 namespace flash_attn2 {
 
@@ -24,31 +25,44 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 // The Hopper backward (sm_90a), csrc/kernels/sm90/bwd_launch_sm90.h: built with the Hopper forward, for
 // these head dims (_build_config.BWD_SM90_HEAD_DIMS); not for deterministic mode.
-// (Not d 96: each warpgroup's 48 dQ columns do not split its 64-byte swizzle atoms of K.)
-constexpr bool has_bwd_sm90(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+constexpr bool has_bwd_sm90(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128; }
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 
-// The Hopper backward's blocks per (128-key block, kv head): a GQA group's query heads split over up to 8
-// blocks (power-of-two divisors of the group) while the grid has fewer than two blocks per SM, so that few
-// kv heads still fill the GPU. Split blocks add dK and dV into fp32 accumulators after the dQ accumulator,
-// which bwd_dq_accum_elems sizes from this same answer; so it is a function of p and the current device only.
-constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplitsSm90 = 8;
-inline cudaError_t bwd_head_splits_sm90(const BwdParams& p, int* splits) {
+// The backward's blocks per (key block, kv head), on either path: a GQA group's query heads split over up to
+// 8 blocks (power-of-two divisors of the group) while the grid, counted in 128-key blocks, has fewer than
+// two blocks per SM, so that few kv heads still fill the GPU; not in deterministic mode. Split blocks add
+// dK and dV into fp32 accumulators after the dQ accumulator (bwd_dkv_accum_offset), which
+// bwd_dq_accum_elems sizes from this same answer: a function of p and the current device only.
+constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplits = 8;
+inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   *splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
-  if (group == 1) return cudaSuccess;
+  if (group == 1 || p.num_splits > 0) return cudaSuccess;
   int device = 0, num_sms = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
-  const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kBwdBlockNSm90 + p.batch  // the scheduler's slots
-                                                     : int64_t(p.batch) * ((p.seqlen_k + kBwdBlockNSm90 - 1) / kBwdBlockNSm90);
+  constexpr int kKeys = 128;
+  const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kKeys + p.batch  // the varlen slots
+                                                     : int64_t(p.batch) * ((p.seqlen_k + kKeys - 1) / kKeys);
   const int64_t key_blocks = per_head * p.num_heads_k;
-  while (*splits * 2 <= kMaxHeadSplitsSm90 && group % (*splits * 2) == 0 && key_blocks * *splits < 2 * int64_t(num_sms)) {
+  while (*splits * 2 <= kMaxHeadSplits && group % (*splits * 2) == 0 && key_blocks * *splits < 2 * int64_t(num_sms)) {
     *splits *= 2;
   }
   return cudaSuccess;
 }
+
+// Where dK (kv = 0) and dV (kv = 1) accumulate with head splits: (heads_k, total_k rows, bucket) row-major
+// each, after the largest dQ accumulator layout without deterministic splits (the SM80 one, rows padded by
+// bwd_block_m per sequence).
+__host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int bucket, int kv, int head_k,
+                                                        int64_t packed_row) {
+  const int64_t dq = int64_t(p.num_heads) * (p.total_q + int64_t(p.batch) * bwd_block_m(bucket)) * bucket;
+  return dq + ((int64_t(kv) * p.num_heads_k + head_k) * p.total_k + packed_row) * bucket;
+}
+
+// dK = softmax_scale * accumulator and dV = accumulator in the input dtype, after a backward with head splits.
+cudaError_t launch_bwd_convert_dkv(const BwdParams& params, int bucket, cudaStream_t stream);
 
 // softmax_d = rowsum(dout o out) in fp32, and LSE * log2(e) after it (bwd_lse_log2_offset), before the
 // main kernel; also clears the dq accumulator and the gradient rows outside every varlen sequence.

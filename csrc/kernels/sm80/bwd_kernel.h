@@ -18,6 +18,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
 #include "common/mask.h"
+#include "common/registry.h"  // bwd_dkv_accum_offset
 #include "common/seqlen.h"
 #include "common/utils.h"
 
@@ -33,8 +34,11 @@ __host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
   return keys > 0 ? int((keys + kBlockN - 1) / kBlockN) : 1;
 }
 
+// head_splits (registry.h: bwd_head_splits) consecutive blocks share a key block, each with its share of the
+// query-head group; above 1 they add dK and dV into fp32 accumulators instead of storing them.
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params) {
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params,
+                                                                   int head_splits) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -46,11 +50,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   // Blocks of one head run together and share its Q / dO through L2. Each owns key blocks split,
   // split + num_splits, ... in order.
   const int num_splits = bwd_num_splits<kBlockN>(params);
-  const int split = int(blockIdx.x % num_splits);
-  const int bidh_k = int(blockIdx.x / num_splits) % params.num_heads_k;
-  const int bidb = int(blockIdx.x / num_splits) / params.num_heads_k;
-  const int group = params.num_heads / params.num_heads_k;
-  const int h0 = bidh_k * group;  // query heads h0 .. h0 + group - 1 read this kv head
+  const int head_split = int(blockIdx.x % head_splits), block = int(blockIdx.x / head_splits);
+  const int split = block % num_splits;
+  const int bidh_k = block / num_splits % params.num_heads_k;
+  const int bidb = block / num_splits / params.num_heads_k;
+  const int group = params.num_heads / params.num_heads_k / head_splits;  // query heads of this block
+  const int h0 = (bidh_k * head_splits + head_split) * group;  // query heads h0 .. h0 + group - 1 read this kv head
   const SeqlenInfo seq(params, bidb);
 
   auto q_rows = [&](auto* ptr, int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
@@ -278,6 +283,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       for (; m_block >= blocks.m_min; --m_block, s ^= 1) step(dh, m_block, s, true_type{});
     }
 
+    if (head_splits > 1) {  // this block's share: fp32 pair reductions (scaled and converted afterwards)
+      Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(TileKV{}));  // (MMA, MMA_N, MMA_D) -> (row, col)
+      const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb) + int64_t(n_block) * kBlockN;
+      float* dk_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 0, bidh_k, first_key);
+      float* dv_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 1, bidh_k, first_key);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dk); i += 2) {  // an m16n8 fragment's pairs are (row, col), (row, col + 1)
+        const int row = get<0>(tdKVcdKV(i)), col = get<1>(tdKVcdKV(i));
+        if (row < keys_left) {
+          red_add_global_x2(dk_acc + int64_t(row) * kHeadDim + col, acc_dk(i), acc_dk(i + 1));
+          red_add_global_x2(dv_acc + int64_t(row) * kHeadDim + col, acc_dv(i), acc_dv(i + 1));
+        }
+      }
+      __syncthreads();  // the next key block's loads overwrite K and V
+      continue;
+    }
     // Epilogue: dK = scale dS^T Q; stage dK and dV through K and V's shared memory for 16-byte stores.
     CUTE_UNROLL
     for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;

@@ -1,6 +1,6 @@
-// Launcher for one (head dim, dtype) backward: the main kernel and the dQ conversion that shares its
-// tile layout; each csrc/instantiations/bwd_*.cu instantiates one. The preprocess (D = rowsum(dO o O))
-// before them lives in csrc/bwd_aux.cu.
+// Launcher for one (head dim, dtype) backward: the main kernel, the dQ conversion that shares its tile
+// layout (and, with head splits, dK and dV from their fp32 accumulators); each csrc/instantiations/bwd_*.cu
+// instantiates one. The preprocess (D = rowsum(dO o O)) before them lives in csrc/bwd_aux.cu.
 #pragma once
 
 #include <climits>
@@ -15,11 +15,17 @@ cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
   auto kernel = &bwd_kernel<Traits>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
-  const int64_t num_blocks = int64_t(bwd_num_splits<Traits::kBlockN>(params)) * params.num_heads_k * params.batch;
+  int head_splits = 1;
+  if (cudaError_t err = bwd_head_splits(params, &head_splits)) return err;
+  const int64_t num_blocks =
+      int64_t(bwd_num_splits<Traits::kBlockN>(params)) * params.num_heads_k * params.batch * head_splits;
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params);
+  kernel<<<unsigned(num_blocks), Traits::kNThreads, kSmemBytes, stream>>>(params, head_splits);
   if (cudaError_t err = cudaGetLastError()) return err;
+  if (head_splits > 1) {
+    if (cudaError_t err = launch_bwd_convert_dkv(params, Traits::kHeadDim, stream)) return err;
+  }
 
   const int64_t num_convert_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(params);
   if (num_convert_blocks == 0) return cudaSuccess;

@@ -9,7 +9,7 @@
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
 //   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (scaled and converted by a second kernel).
 // dK and dV of the group's heads sum in registers; dK is scaled at the end. With few key blocks (GQA, MQA:
-// bwd_head_splits_sm90) a group's query heads split over consecutive blocks, which add their dK and dV
+// bwd_head_splits) a group's query heads split over consecutive blocks, which add their dK and dV
 // shares into fp32 accumulators instead, converted by a third kernel.
 #pragma once
 
@@ -42,13 +42,6 @@ constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer war
 template <int kHeadDim>
 __host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
-}
-
-// With head splits, dK and dV accumulate in fp32 after the dQ accumulator, each (heads_k, total_k rows,
-// kHeadDim) row-major (bwd_dq_accum_elems leaves room for them); kv = 0 for dK, 1 for dV.
-template <int kHeadDim>
-__host__ __device__ inline int64_t dkv_accum_offset_sm90(const BwdParams& p, int kv, int head_k, int64_t packed_row) {
-  return (int64_t(p.num_heads) * p.total_q + (int64_t(kv) * p.num_heads_k + head_k) * p.total_k + packed_row) * kHeadDim;
 }
 
 }  // namespace sm90
@@ -141,8 +134,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));   // (rows, D, heads_k, batch)
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});     // (M, D, stages)
     Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});  // (M, D, stages)
-    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});     // (N, D)
-    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});     // (N, D)
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});      // (N, D)
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});     // (N, D)
     auto rows_q = [&](auto& m, int head) {  // (M, D, m) blocks of this sequence's rows of one query head
       return local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), m(_, _, head, batch_index)),
                         typename Traits::TileQ{}, make_coord(_, _0{}));
@@ -202,9 +195,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});  // (M, D, stages)
   Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});    // (D, M, stages)
   Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});  // (D, M, stages)
-  Tensor sKw = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{}),
+  Tensor sKw = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D): own keys
-  Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{}),
+  Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D)
   Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
                           Shape<Int<Traits::kHalfD>, Int<kBlockN>>{}, make_coord(wg, _0{}));  // (D / 2, N): own dQ columns
@@ -357,8 +350,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   };
   if (args.head_splits > 1) {
     const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb);
-    float* dk_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 0, bidh_k, first_key);
-    float* dv_acc = p.dq_accum + dkv_accum_offset_sm90<kHeadDim>(p, 1, bidh_k, first_key);
+    float* dk_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 0, bidh_k, first_key);
+    float* dv_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 1, bidh_k, first_key);
     for_each_pair([&](int key, int col, int r, int c) {
       const int64_t at = int64_t(key) * kHeadDim + col;
       red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));

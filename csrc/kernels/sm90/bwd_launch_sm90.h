@@ -43,25 +43,6 @@ __global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
   }
 }
 
-// With head splits: dK = softmax_scale * accumulator and dV = accumulator, in the input dtype, for every
-// key row (rows outside every sequence get the zeros their accumulators hold), 8 elements per thread and step.
-template <int kHeadDim, typename Element>
-__global__ void convert_dkv_kernel_sm90(const __grid_constant__ BwdParams p) {
-  constexpr int kVecsPerRow = kHeadDim / 8;
-  const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * kVecsPerRow;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
-    const int col = int(i % kVecsPerRow) * 8;
-    const int64_t packed_row = i / kVecsPerRow % p.total_k;
-    const int head_k = int(i / kVecsPerRow / p.total_k % p.num_heads_k);
-    const bool is_dk = i / kVecsPerRow / p.total_k / p.num_heads_k == 0;
-    if (col >= p.head_dim) continue;
-    const int64_t at = is_dk ? key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
-                             : key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    convert8(p.dq_accum + sm90::dkv_accum_offset_sm90<kHeadDim>(p, is_dk ? 0 : 1, head_k, packed_row) + col,
-             is_dk ? p.softmax_scale : 1.f, static_cast<Element*>(is_dk ? p.dk : p.dv) + at + col);
-  }
-}
-
 // A 1-D TMA over `elements` floats (D and LSE), read in boxes of kRowsBox (traits).
 template <class Traits>
 typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
@@ -77,7 +58,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
   if (key_blocks == 0) return cudaSuccess;
   int head_splits = 1;
-  if (cudaError_t err = bwd_head_splits_sm90(p, &head_splits)) return err;
+  if (cudaError_t err = bwd_head_splits(p, &head_splits)) return err;
   const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = &bwd_kernel_sm90<Traits>;
@@ -94,10 +75,10 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
                                                     p.q_batch_stride, smem_q, typename Traits::TileQ{}),
       sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.dout, shape_q, p.do_row_stride, p.do_head_stride,
                                                     p.do_batch_stride, smem_q, typename Traits::TileQ{}),
-      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.k, shape_k, p.k_row_stride, p.k_head_stride,
-                                                     p.k_batch_stride, typename Traits::SmemLayoutKV{}, typename Traits::TileKV{}),
-      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
-                                                     p.v_batch_stride, typename Traits::SmemLayoutKV{}, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaK>(SM90_TMA_LOAD{}, p.k, shape_k, p.k_row_stride, p.k_head_stride,
+                                                    p.k_batch_stride, typename Traits::SmemLayoutK{}, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
+                                                     p.v_batch_stride, typename Traits::SmemLayoutV{}, typename Traits::TileKV{}),
       sm90::make_tma<Traits, typename Traits::TmadQ, float>(
           cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
           p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{}),
@@ -112,9 +93,9 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   if (const int64_t blocks = convert_blocks(int64_t(p.num_heads) * p.total_q * (kHeadDim / 8))) {
     convert_dq_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(blocks), 256, 0, stream>>>(p);
   }
-  const int64_t kv_blocks = head_splits > 1 ? convert_blocks(2 * int64_t(p.num_heads_k) * p.total_k * (kHeadDim / 8)) : 0;
-  if (kv_blocks > 0) {
-    convert_dkv_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(kv_blocks), 256, 0, stream>>>(p);
+  if (head_splits > 1) {
+    if (cudaError_t err = cudaGetLastError()) return err;
+    return launch_bwd_convert_dkv(p, kHeadDim, stream);
   }
   return cudaGetLastError();
 }

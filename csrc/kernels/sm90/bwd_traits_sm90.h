@@ -60,13 +60,18 @@ struct BwdTraitsSm90 {
                                       cute::GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // also dO
-  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
+  // K also feeds dQ, whose columns the warpgroups split: a column slice may not end inside a swizzle atom
+  // unless that atom is the whole row (d 32, 64). At d 96 (48 columns each) K takes 32-byte atoms.
+  using SmemAtomK = std::conditional_t<kHalfD % 32 == 0 || kHeadDim <= 64, SmemAtom,
+                                       cute::GMMA::Layout_K_SW32_Atom<Element>>;
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, TileKV{}));
   // The (D, M) MN-major views of Q and dO, and the (D, keys) view of K, as B operands.
   using SmemLayoutQt = decltype(cute::composition(
       SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
   using SmemLayoutKt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+      SmemLayoutK{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));
   // dS as dQ's A operand (M, 128 keys), M-major; the warpgroups write it through the (keys, M) view.
   using SmemLayoutdS = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
@@ -85,7 +90,8 @@ struct BwdTraitsSm90 {
   using GmemTensorAcc = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)), GmemLayout{}));
   using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
                                             cute::take<0, 2>(SmemLayoutQ{}), TileQ{}, cute::_1{}));  // also dO
-  using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutKV{}, TileKV{}, cute::_1{}));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}, TileKV{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{}, TileKV{}, cute::_1{}));
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
   // tensor the TMA unit drops them.
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorAcc{}, SmemLayoutdQ{}, TiledQ{}, cute::_1{}));
@@ -104,8 +110,8 @@ struct BwdTraitsSm90 {
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[2];  // by step parity
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
     alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
@@ -121,12 +127,13 @@ template <class Traits>
 struct BwdArgsSm90 {
   BwdParams params;
   typename Traits::TmaQ tma_q, tma_do;
-  typename Traits::TmaKV tma_k, tma_v;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
   typename Traits::TmadQ tma_dq;
   typename Traits::TmaRows tma_rows;  // over softmax_d: D, then LSE (log2)
   int rows_extent;
   // Blocks per (key block, kv head), each taking group / head_splits of the query heads; above 1 they add
-  // dK and dV into fp32 accumulators after dq_accum's region (dkv_accum_offset_sm90), converted afterwards.
+  // dK and dV into fp32 accumulators after dq_accum's region (bwd_dkv_accum_offset), converted afterwards.
   int head_splits;
 };
 
