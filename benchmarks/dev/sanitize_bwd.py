@@ -2,7 +2,7 @@
 # query heads over 4 blocks on the Hopper path) for compute-sanitizer.
 import torch
 from flash_attn2 import flash_attn_func, flash_attn_varlen_func
-for d in (32, 64, 128):
+for d in (32, 64, 96, 128, 256):
     for causal in (False, True):
         q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
