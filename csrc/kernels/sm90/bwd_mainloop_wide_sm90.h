@@ -146,42 +146,31 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
     named_barrier_sync(kThreads, int(BwdBarrier::kdSWritten));
 
-    // This warpgroup's dQ columns first, whose reductions to dq_accum then issue while the tensor cores run
-    // dV^T += dO^T P and dK^T += Q^T dS for its head-dim rows (wgmma groups complete in issue order).
-    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D_w / 8), 1, 1)
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows, then its dQ columns.
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage), tdVrP, acc_dvt);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrQ(_, _, _, stage), tdKrdS, acc_dkt);
-    warpgroup_wait<2>();
-    // dQ into dq_accum, 16 bytes per reduction: lanes 2i and 2i + 1 hold columns 4j..4j+1 and 4j+2..4j+3
-    // of the same two rows, so each hands the other half of a row (the even lane keeps the first row, the
-    // odd one the second); rows past the sequence left out.
-    {
-      Tensor dQ = rowcol_view(acc_dq);  // (2 rows, D_w / 4 values)
-      static_assert(decltype(size<0>(dQ))::value == 2, "one wgmma row group per thread");
-      float* dq_acc = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, work.head(step), first_row + row0) + wg * kDRows;
-      const bool odd = thread & 1;
-      const int row = get<0>(tdQcdQ(odd ? 1 : 0, 0));
-      const bool in_sequence = row0 + row < seq.len_q;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(dQ); c += 2) {
-        const float give0 = odd ? dQ(0, c) : dQ(1, c), give1 = odd ? dQ(0, c + 1) : dQ(1, c + 1);
-        const float got0 = __shfl_xor_sync(0xffffffff, give0, 1), got1 = __shfl_xor_sync(0xffffffff, give1, 1);
-        const int col = get<1>(tdQcdQ(0, c)) - (odd ? 2 : 0);
-        if (!in_sequence) continue;
-        if (odd) {
-          red_add_global_x4(dq_acc + row * kHeadDim + col, got0, got1, dQ(1, c), dQ(1, c + 1));
-        } else {
-          red_add_global_x4(dq_acc + row * kHeadDim + col, dQ(0, c), dQ(0, c + 1), got0, got1);
-        }
-      }
-    }
-    warpgroup_wait<0>();  // dV^T and dK^T are done: Q[m] and dO[m] may go
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D_w / 8), 1, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+    warpgroup_wait<1>();  // dV^T and dK^T are done: Q[m] and dO[m] may go
     if (release_thread) {
       barrier_arrive(&smem.q_empty[stage]);
       barrier_arrive(&smem.do_empty[stage]);
     }
     state.template advance<kStages>();
+    warpgroup_wait<0>();
+
+    // dQ's columns of this warpgroup into dq_accum, rows past the sequence left out.
+    Tensor dQ = rowcol_view(acc_dq);  // (M, D_w)
+    float* dq_acc = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, work.head(step), first_row + row0) + wg * kDRows;
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(dQ); ++r) {
+      const int row = get<0>(tdQcdQ(r, 0));
+      if (row0 + row >= seq.len_q) continue;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dQ); c += 2) {
+        red_add_global_x2(dq_acc + row * kHeadDim + get<1>(tdQcdQ(r, c)), dQ(r, c), dQ(r, c + 1));
+      }
+    }
   }
 
   // dK and dV from registers: element (d, key) of dK^T / dV^T is dK / dV (key, d); keys past the sequence
