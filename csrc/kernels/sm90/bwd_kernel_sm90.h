@@ -40,14 +40,14 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
   Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));   // (rows, D, heads_k, batch)
   Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));   // (rows, D, heads_k, batch)
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});     // (M, D, stages)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});  // (M, D, stages)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});  // (M, D, dO stages)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});      // (N, D)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});     // (N, D)
   auto rows_q = [&](auto& m, int head) {  // (M, D, m) blocks of this sequence's rows of one query head
     return local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), m(_, _, head, batch_index)),
                       typename Traits::TileQ{}, make_coord(_, _0{}));
   };
-  PipelineState state;
+  PipelineState state, state_do;
   if (steps == 0) return;  // no query sees these keys: the consumers store zeros
   Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
                          typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
@@ -84,12 +84,13 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
       copy(args.tma_rows.with(*full), get<0>(tdsum), get<1>(tdsum));
       copy(args.tma_rows.with(*full), get<0>(tLSE), get<1>(tLSE));
     }
-    barrier_wait(&smem.do_empty[state.stage], state.phase ^ 1);
-    if (leader) {
-      barrier_expect_tx(&smem.do_full[state.stage], Traits::kQBytes);
-      copy(args.tma_do.with(smem.do_full[state.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state.stage));
-    }
     state.template advance<kStages>();
+    barrier_wait(&smem.do_empty[state_do.stage], state_do.phase ^ 1);
+    if (leader) {
+      barrier_expect_tx(&smem.do_full[state_do.stage], Traits::kQBytes);
+      copy(args.tma_do.with(smem.do_full[state_do.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state_do.stage));
+    }
+    state_do.template advance<Traits::kStagesdO>();
   }
 }
 
@@ -151,8 +152,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&smem.q_full[s], 1);
-      barrier_init(&smem.do_full[s], 1);
       barrier_init(&smem.q_empty[s], kGroups);
+    }
+    CUTE_UNROLL
+    for (int s = 0; s < Traits::kStagesdO; ++s) {
+      barrier_init(&smem.do_full[s], 1);
       barrier_init(&smem.do_empty[s], kGroups);
     }
     cutlass::arch::fence_barrier_init();

@@ -1,7 +1,7 @@
 // The Hopper backward's consumer warpgroups above head dim 128 (BwdTraitsSm90Wide): dK and dV of the
 // block's keys split over the warpgroups by head-dim rows, since one warpgroup's registers cannot hold
 // them for all of D. Per step, warpgroup w:
-//   S = Q K_w^T, dP = dO V_w^T (its 32 keys) -> mask -> P = exp2(S scale log2e - LSE log2e),
+//   S = Q K_w^T, dP = dO V_w^T (its kKeys keys) -> mask -> P = exp2(S scale log2e - LSE log2e),
 //   dS = P o (dP - D) -> shared memory (both warpgroups' keys side by side),
 //   dV^T[w] += dO^T[w] P, dK^T[w] += Q^T[w] dS (its kDRows rows of the head dim, all keys),
 //   dQ[:, w] = dS K[:, w] -> dq_accum by reductions from registers (scaled and converted afterwards).
@@ -25,18 +25,20 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   const int thread = int(threadIdx.x) % 128;
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});       // (M, D, stages)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});   // (M, D, stages)
-  using TileQtWarpgroup = Shape<Int<kDRows>, Int<kBlockM>, Int<kStages>>;  // its head-dim rows of Q^T, dO^T
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});  // (M, D, dO stages)
+  // Its head-dim rows of Q^T and dO^T.
   Tensor sQt = local_tile(make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{}),
-                          TileQtWarpgroup{}, make_coord(wg, _0{}, _0{}));      // (D_w, M, stages)
-  Tensor sdOt = local_tile(make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{}),
-                           TileQtWarpgroup{}, make_coord(wg, _0{}, _0{}));     // (D_w, M, stages)
+                          Shape<Int<kDRows>, Int<kBlockM>, Int<kStages>>{}, make_coord(wg, _0{}, _0{}));   // (D_w, M, stages)
+  Tensor sdOt = local_tile(make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdOt{}),
+                           Shape<Int<kDRows>, Int<kBlockM>, Int<Traits::kStagesdO>>{},
+                           make_coord(wg, _0{}, _0{}));  // (D_w, M, dO stages)
   Tensor sKw = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
-                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (32, D): own keys
+                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (kKeys, D): own keys
   Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (32, D)
+  constexpr int kDQParts = Traits::kDQParts, kDQPart = Traits::kDQPart;
   Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
-                          Shape<Int<kDRows>, Int<kBlockN>>{}, make_coord(wg, _0{}));         // (D_w, N): own dQ columns
+                          Shape<Int<kDQPart>, Int<kBlockN>>{}, make_coord(_, _0{}));  // (D_part, N, parts of D)
   Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdS{});     // (M, N)
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutPdS{});   // (M, N)
   Tensor sPt = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdSt{});   // (N, M)
@@ -57,7 +59,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   Tensor tdVrP = thr_dkv.partition_fragment_B(sPt);    // (MMA, MMA_NK, MMA_M)
   Tensor tdKrdS = thr_dkv.partition_fragment_B(sdSt);  // (MMA, MMA_NK, MMA_M)
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_NK)
-  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);     // (MMA, MMA_DW, MMA_NK)
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);     // (MMA, MMA_DP, MMA_NK, parts of D)
   Tensor acc_dkt = partition_fragment_C(mma_dkv, typename Traits::TiledKVt{});  // (MMA, D_w / 64, 1)
   Tensor acc_dvt = partition_fragment_C(mma_dkv, typename Traits::TiledKVt{});  // (MMA, D_w / 64, 1)
 
@@ -69,11 +71,11 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   auto smem_thr_pds = smem_copy_pds.get_thread_slice(thread);
   Tensor tPsP = smem_thr_pds.partition_D(local_tile(sP, typename Traits::TileS{}, make_coord(_0{}, wg)));
   Tensor tdSsdS = smem_thr_pds.partition_D(local_tile(sdS, typename Traits::TileS{}, make_coord(_0{}, wg)));
-  Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));  // (M, D_w) -> coords
+  Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));  // (M, D_part) -> coords
   const bool release_thread = thread == 0;
   const int64_t first_row = seq.offset_q(p.seqlen_q, 1, work.bidb);
 
-  PipelineState state;
+  PipelineState state, state_do;
   const int key0 = n_block * kBlockN + wg * kKeys;  // this warpgroup's first key
   clear(acc_dkt);
   clear(acc_dvt);
@@ -84,14 +86,14 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     if (work.varlen && key0 + kKeys > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   }
   for (int step = 0; step < steps; ++step) {
-    const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
+    const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage, stage_do = state_do.stage;
     const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
     barrier_wait(&smem.q_full[stage], state.phase);
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileS{});   // ((2, 2, 4), M / 64, 1)
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileS{});  // ((2, 2, 4), M / 64, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrQ(_, _, _, stage), tSrK, acc_s);
-    barrier_wait(&smem.do_full[stage], state.phase);
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage), tdPrV, acc_dp);
+    barrier_wait(&smem.do_full[stage_do], state_do.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
     Tensor S = rowcol_view(acc_s);    // (queries, keys)
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs, then dS = P o (dP - D); where a pair may be hidden
@@ -137,7 +139,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     if (work.varlen && row0 + kBlockM > seq.len_q) {
       const int valid = max(0, seq.len_q - row0);
       zero_rows(sQ(_, _, stage), valid, wg * 128 + thread, kThreads);
-      zero_rows(sdO(_, _, stage), valid, wg * 128 + thread, kThreads);
+      zero_rows(sdO(_, _, stage_do), valid, wg * 128 + thread, kThreads);
     }
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);
@@ -146,31 +148,37 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
     named_barrier_sync(kThreads, int(BwdBarrier::kdSWritten));
 
-    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows, then its dQ columns.
-    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage), tdVrP, acc_dvt);
+    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows, then its dQ columns, part by
+    // part, each added to dq_accum from registers (rows past the sequence left out).
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage_do), tdVrP, acc_dvt);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrQ(_, _, _, stage), tdKrdS, acc_dkt);
-    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D_w / 8), 1, 1)
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
-    warpgroup_wait<1>();  // dV^T and dK^T are done: Q[m] and dO[m] may go
-    if (release_thread) {
-      barrier_arrive(&smem.q_empty[stage]);
-      barrier_arrive(&smem.do_empty[stage]);
-    }
-    state.template advance<kStages>();
-    warpgroup_wait<0>();
-
-    // dQ's columns of this warpgroup into dq_accum, rows past the sequence left out.
-    Tensor dQ = rowcol_view(acc_dq);  // (M, D_w)
-    float* dq_acc = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, work.head(step), first_row + row0) + wg * kDRows;
+    float* dq_acc = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, work.head(step), first_row + row0);
     CUTE_UNROLL
-    for (int r = 0; r < size<0>(dQ); ++r) {
-      const int row = get<0>(tdQcdQ(r, 0));
-      if (row0 + row >= seq.len_q) continue;
+    for (int part = 0; part < kDQParts; ++part) {
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D_part / 8), 1, 1)
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK(_, _, _, wg * kDQParts + part), acc_dq);
+      if (part == 0) {
+        warpgroup_wait<1>();  // dV^T and dK^T are done: Q[m] and dO[m] may go
+        if (release_thread) {
+          barrier_arrive(&smem.q_empty[stage]);
+          barrier_arrive(&smem.do_empty[stage_do]);
+        }
+      }
+      warpgroup_wait<0>();
+      Tensor dQ = rowcol_view(acc_dq);  // (M, D_part)
+      const int col0 = (wg * kDQParts + part) * kDQPart;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(dQ); c += 2) {
-        red_add_global_x2(dq_acc + row * kHeadDim + get<1>(tdQcdQ(r, c)), dQ(r, c), dQ(r, c + 1));
+      for (int r = 0; r < size<0>(dQ); ++r) {
+        const int row = get<0>(tdQcdQ(r, 0));
+        if (row0 + row >= seq.len_q) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dQ); c += 2) {
+          red_add_global_x2(dq_acc + row * kHeadDim + col0 + get<1>(tdQcdQ(r, c)), dQ(r, c), dQ(r, c + 1));
+        }
       }
     }
+    state.template advance<kStages>();
+    state_do.template advance<Traits::kStagesdO>();
   }
 
   // dK and dV from registers: element (d, key) of dK^T / dV^T is dK / dV (key, d); keys past the sequence

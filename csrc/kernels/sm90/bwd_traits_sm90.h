@@ -21,14 +21,14 @@
 
 namespace flash_attn2 {
 
-// What both Hopper backward shapes load: Q and dO (kBlockM rows) in a kStages ring with their rows' D and
-// LSE, K and V (kBlockN rows) once; their shared-memory layouts and TMA types. kDQCols: the dQ columns one
-// consumer warpgroup computes, which K's swizzle atoms must not straddle.
-template <int kHeadDim_, typename Element_, int kBlockM_, int kBlockN_, int kStages_, int kDQCols_>
+// What both Hopper backward shapes load: Q (kBlockM rows, with its rows' D and LSE) in a kStages ring, dO
+// in a kStagesdO ring, K and V (kBlockN rows) once; their shared-memory layouts and TMA types. kDQCols:
+// the dQ columns one consumer warpgroup computes, which K's swizzle atoms must not straddle.
+template <int kHeadDim_, typename Element_, int kBlockM_, int kBlockN_, int kStages_, int kDQCols_, int kStagesdO_ = kStages_>
 struct BwdLoadTraitsSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
-  static constexpr int kDQCols = kDQCols_;
+  static constexpr int kStagesdO = kStagesdO_, kDQCols = kDQCols_;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
@@ -38,7 +38,9 @@ struct BwdLoadTraitsSm90 {
   using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
                                       cute::GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // also dO
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutdO = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesdO>>{}));
   using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
   // K also feeds dQ, whose columns the warpgroups split: a column slice may not end inside a swizzle atom
   // unless that atom is the whole row (d 32, 64). At d 96 (48 columns each) K takes 32-byte atoms.
@@ -49,6 +51,9 @@ struct BwdLoadTraitsSm90 {
   using SmemLayoutQt = decltype(cute::composition(
       SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutdOt = decltype(cute::composition(
+      SmemLayoutdO{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStagesdO>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutK{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));
@@ -75,13 +80,13 @@ struct BwdLoadTraitsSm90 {
   // What the producer fills; each shape's SharedStorage starts with it.
   struct LoadStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
     alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
     alignas(128) float dsum[kStages][kRowsStride];
     uint64_t kv_full;
-    uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
+    uint64_t q_full[kStages], q_empty[kStages], do_full[kStagesdO], do_empty[kStagesdO];
   };
 };
 
@@ -98,6 +103,7 @@ struct BwdTraitsSm90
   static constexpr int kNThreads = 128 + kConsumerThreads;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
+  static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
   static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
 
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
@@ -145,18 +151,20 @@ struct BwdTraitsSm90
 
 // Head dim > 128 (FA3's shape for d 192 / 256): dK and dV of a block's keys no longer fit one warpgroup's
 // registers, so the warpgroups split the head dim instead. Each computes S = Q K^T and dP = dO V^T for
-// its 32 of the keys (rows along queries, as in the forward) and writes P and dS to shared memory; then
+// its kKeys of the keys (rows along queries, as in the forward) and writes P and dS to shared memory; then
 // dV^T += dO^T P and dK^T += Q^T dS for its kDRows rows of the head dim (all keys), and dQ = dS K for its
-// kDRows columns, added to dq_accum from registers (there is no room to stage it).
-template <int kHeadDim_, typename Element_>
+// kDRows columns, added to dq_accum from registers (there is no room to stage it). 80 keys per block at
+// d 256 leave room for one dO stage only (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
+// which bound the 64-key version (L2 at 76% of its throughput).
+template <int kHeadDim_, typename Element_, int kGroups_ = (kHeadDim_ == 192 ? 3 : 2), int kKeys_ = (kHeadDim_ == 192 ? 32 : 40)>
 struct BwdTraitsSm90Wide
-    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, 32 * (kHeadDim_ == 192 ? 3 : 2), 2, kHeadDim_ / (kHeadDim_ == 192 ? 3 : 2)> {
-  static constexpr int kConsumerWarpgroups = kHeadDim_ == 192 ? 3 : 2;
-  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, 32 * kConsumerWarpgroups, 2, kHeadDim_ / kConsumerWarpgroups>;
+    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, kHeadDim_ / kGroups_ / (kKeys_ > 32 ? 2 : 1), /*kStagesdO=*/1> {
+  static constexpr int kConsumerWarpgroups = kGroups_;
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, kHeadDim_ / kGroups_ / (kKeys_ > 32 ? 2 : 1), 1>;
   using Element = Element_;
   static constexpr bool kWide = true;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = 32 * kConsumerWarpgroups;
-  static constexpr int kKeys = 32, kDRows = kHeadDim / kConsumerWarpgroups;  // per consumer warpgroup
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = kKeys_ * kConsumerWarpgroups;
+  static constexpr int kKeys = kKeys_, kDRows = kHeadDim / kConsumerWarpgroups;  // per consumer warpgroup
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
   static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumerWarpgroups == 3 ? 160 : 240;
@@ -165,7 +173,9 @@ struct BwdTraitsSm90Wide
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kKeys>>;               // one warpgroup's S: (queries, its keys)
   using TileKVWarpgroup = cute::Shape<cute::Int<kKeys>, cute::Int<kHeadDim>>;    // its keys of K, V
   using TiledKVt = cute::Shape<cute::Int<kDRows>, cute::Int<kBlockN>>;           // its rows of dK^T, dV^T
-  using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kDRows>>;             // its columns of dQ
+  // dQ = dS K for its kDRows columns in kDQParts GEMMs, so that their accumulator fits beside dK^T / dV^T.
+  static constexpr int kDQParts = kKeys_ > 32 ? 2 : 1, kDQPart = kDRows / kDQParts;
+  using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>>;  // one part of its dQ columns
 
   // S, dP = (M, 32 keys) += Q / dO (M, D) K / V (32, D)^T: both K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
@@ -174,17 +184,20 @@ struct BwdTraitsSm90Wide
   using TiledMmadKV = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kBlockM>>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>()));
-  // dQ = (M, kDRows) += dS (M, N keys) K (N, kDRows): dS K-major, K MN-major.
+  // dQ part = (M, kDQPart) += dS (M, N keys) K (N, kDQPart): dS K-major, K MN-major.
   using TiledMmadQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kDRows>, cute::Int<kBlockN>>,
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
   static_assert(cute::tile_size<1>(TiledMmaSdP{}) == kKeys && cute::tile_size<1>(TiledMmadKV{}) == kBlockN &&
-                cute::tile_size<1>(TiledMmadQ{}) == kDRows, "each product must be one wgmma wide");
+                cute::tile_size<1>(TiledMmadQ{}) == kDQPart, "each product must be one wgmma wide");
 
   // P and dS, (M, N) with the keys contiguous: dQ's K-major A operand, and through the (N, M) view the
   // MN-major B operand of dV^T and dK^T.
-  using SmemAtomPdS = std::conditional_t<kBlockN % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
-                                         cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  // Each warpgroup writes its kKeys columns: a swizzle atom may not straddle two warpgroups' columns.
+  using SmemAtomPdS = std::conditional_t<kKeys % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                      std::conditional_t<kKeys % 32 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                      std::conditional_t<kKeys % 16 == 0, cute::GMMA::Layout_K_SW32_Atom<Element>,
+                                         cute::GMMA::Layout_K_INTER_Atom<Element>>>>;
   using SmemLayoutPdS = decltype(cute::tile_to_shape(SmemAtomPdS{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using SmemLayoutPdSt = decltype(cute::composition(
       SmemLayoutPdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
