@@ -1,13 +1,14 @@
-// Types of one Hopper backward kernel (head dim <= 128): tiles and warpgroups, the five wgmma shapes,
-// shared-memory layouts and storage, TMA descriptors, and the kernel's arguments.
+// Types of the Hopper backward kernels: what both shapes load (BwdLoadTraitsSm90), then per shape the
+// warpgroups, wgmma shapes, shared-memory layouts and storage; and the kernel's arguments.
 //
-// A block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams kBlockM query rows (128 at head
-// dim 64, where registers allow it, halving the per-step costs per FLOP; else 64) past
-// them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T and
-// dP^T = V dO^T (64 x 64), so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
+// Head dim <= 128 (BwdTraitsSm90): a block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams
+// kBlockM query rows (128 at head dim 64, where registers allow it, halving the per-step costs per FLOP;
+// else 64) past them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T
+// and dP^T = V dO^T, so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
 // memory, and each warpgroup computes half of dQ's head-dim columns, which it stages in shared memory for
 // the producer's second warp to add to the fp32 accumulator with a TMA reduce-add.
+// Head dim > 128 (BwdTraitsSm90Wide): see its comment below.
 #pragma once
 
 // wgmma N = 80, 112, ... must come before any CuTe header (see fwd_traits_sm90.h).
