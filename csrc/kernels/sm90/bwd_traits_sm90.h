@@ -1,13 +1,14 @@
-// Types of one Hopper backward kernel (head dim <= 128): tiles and warpgroups, the five wgmma shapes,
-// shared-memory layouts and storage, TMA descriptors, and the kernel's arguments.
+// Types of the Hopper backward kernels: what both shapes load (BwdLoadTraitsSm90), then per shape the
+// warpgroups, wgmma shapes, shared-memory layouts and storage; and the kernel's arguments.
 //
-// A block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams kBlockM query rows (128 at head
-// dim 64, where registers allow it, halving the per-step costs per FLOP; else 64) past
-// them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T and
-// dP^T = V dO^T (64 x 64), so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
+// Head dim <= 128 (BwdTraitsSm90): a block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams
+// kBlockM query rows (128 at head dim 64, where registers allow it, halving the per-step costs per FLOP;
+// else 64) past them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T
+// and dP^T = V dO^T, so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
 // memory, and each warpgroup computes half of dQ's head-dim columns, which it stages in shared memory for
 // the producer's second warp to add to the fp32 accumulator with a TMA reduce-add.
+// Head dim > 128 (BwdTraitsSm90Wide): see its comment below.
 #pragma once
 
 // wgmma N = 80, 112, ... must come before any CuTe header (see fwd_traits_sm90.h).
@@ -21,20 +22,91 @@
 
 namespace flash_attn2 {
 
-template <int kHeadDim_, typename Element_>
-struct BwdTraitsSm90 {
+// What both Hopper backward shapes load: Q (kBlockM rows, with its rows' D and LSE) in a kStages ring, dO
+// in a kStagesdO ring, K and V (kBlockN rows) once; their shared-memory layouts and TMA types. kDQCols:
+// the dQ columns one consumer warpgroup computes, which K's swizzle atoms must not straddle.
+template <int kHeadDim_, typename Element_, int kBlockM_, int kBlockN_, int kStages_, int kDQCols_, int kStagesdO_ = kStages_>
+struct BwdLoadTraitsSm90 {
   using Element = Element_;
-  static constexpr int kHeadDim = kHeadDim_, kBlockM = kHeadDim <= 64 ? 128 : 64, kBlockN = kBwdBlockNSm90;
-  static constexpr int kStages = kBlockM == 128 ? 2 : 3;  // Q and dO stages (shared memory)
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBlockN_, kStages = kStages_;
+  static constexpr int kStagesdO = kStagesdO_, kDQCols = kDQCols_;
+
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+
+  // Rows of head_dim elements (Q, dO, K, V), K-major: 128-byte swizzle at head dims that are multiples of
+  // 64, else 64-byte.
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutdO = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesdO>>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
+  // K also feeds dQ, whose columns the warpgroups split: a column slice may not end inside a swizzle atom
+  // unless that atom is the whole row (d 32, 64). At d 96 (48 columns each) K takes 32-byte atoms.
+  using SmemAtomK = std::conditional_t<kDQCols % 32 == 0 || kHeadDim <= 64, SmemAtom,
+                                       cute::GMMA::Layout_K_SW32_Atom<Element>>;
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, TileKV{}));
+  // The (D, M) MN-major views of Q and dO, and the (D, keys) view of K, as wgmma operands.
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutdOt = decltype(cute::composition(
+      SmemLayoutdO{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStagesdO>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutK{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
+                                                cute::Step<cute::_2, cute::_1>{})));
+
+  using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
+  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
+  using GmemTensorAcc = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)), GmemLayout{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                            cute::take<0, 2>(SmemLayoutQ{}), TileQ{}, cute::_1{}));  // also dO
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}, TileKV{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{}, TileKV{}, cute::_1{}));
+  // A query block's D and LSE (log2), loaded with Q by 1-D TMA over the preprocess's workspace: a box of
+  // kBlockM + 4 from the 16-byte aligned element at or before the block's first row (TMA needs that
+  // alignment), kept at kRowsStride per stage (a multiple of 128 bytes, as TMA destinations need).
+  static constexpr int kRowsBox = kBlockM + 4, kRowsStride = (kRowsBox + 31) / 32 * 32;
+  using SmemLayoutRows = cute::Layout<cute::Shape<cute::Int<kRowsBox>>>;
+  using GmemTensorRows = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)),
+                                                    cute::Layout<cute::Shape<int>>{}));
+  using TmaRows = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorRows{}, SmemLayoutRows{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowsBytes = kRowsBox * sizeof(float);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  // What the producer fills; each shape's SharedStorage starts with it.
+  struct LoadStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
+    alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
+    alignas(128) float dsum[kStages][kRowsStride];
+    uint64_t kv_full;
+    uint64_t q_full[kStages], q_empty[kStages], do_full[kStagesdO], do_empty[kStagesdO];
+  };
+};
+
+// Head dim <= 128: keys split over the consumer warpgroups (see the top of this file).
+template <int kHeadDim_, typename Element_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64)>
+struct BwdTraitsSm90
+    : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, kBlockM_ == 128 ? 2 : 3, kHeadDim_ / 2> {
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, kBlockM_ == 128 ? 2 : 3, kHeadDim_ / 2>;
+  using Element = Element_;
+  static constexpr bool kWide = false;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBwdBlockNSm90;
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
+  static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
   static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
 
-  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
-  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
   using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
   using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfD>>;  // one warpgroup's dQ columns
@@ -54,25 +126,6 @@ struct BwdTraitsSm90 {
   static_assert(cute::tile_size<1>(TiledMmaSdP{}) == kBlockM && cute::tile_size<1>(TiledMmadKV{}) == kHeadDim &&
                 cute::tile_size<1>(TiledMmadQ{}) == kHalfD, "each product must be one wgmma wide");
 
-  // Rows of head_dim elements (Q, dO, K, V), K-major: 128-byte swizzle at head dims that are multiples of
-  // 64, else 64-byte.
-  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
-                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
-  using SmemLayoutQ = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // also dO
-  using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
-  // K also feeds dQ, whose columns the warpgroups split: a column slice may not end inside a swizzle atom
-  // unless that atom is the whole row (d 32, 64). At d 96 (48 columns each) K takes 32-byte atoms.
-  using SmemAtomK = std::conditional_t<kHalfD % 32 == 0 || kHeadDim <= 64, SmemAtom,
-                                       cute::GMMA::Layout_K_SW32_Atom<Element>>;
-  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, TileKV{}));
-  // The (D, M) MN-major views of Q and dO, and the (D, keys) view of K, as B operands.
-  using SmemLayoutQt = decltype(cute::composition(
-      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
-                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  using SmemLayoutKt = decltype(cute::composition(
-      SmemLayoutK{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
-                                                cute::Step<cute::_2, cute::_1>{})));
   // dS as dQ's A operand (M, 128 keys), M-major; the warpgroups write it through the (keys, M) view.
   using SmemLayoutdS = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
                                                     cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
@@ -84,44 +137,87 @@ struct BwdTraitsSm90 {
   using SmemAtomdQ = std::conditional_t<kHalfD % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
                                         cute::GMMA::Layout_K_SW64_Atom<float>>;  // 16 columns at d 32
   using SmemLayoutdQ = decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}));
-
-  using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
-  using GmemTensor = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), GmemLayout{}));
-  using GmemTensorAcc = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)), GmemLayout{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
-                                            cute::take<0, 2>(SmemLayoutQ{}), TileQ{}, cute::_1{}));  // also dO
-  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutK{}, TileKV{}, cute::_1{}));
-  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{}, SmemLayoutV{}, TileKV{}, cute::_1{}));
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
   // tensor the TMA unit drops them.
-  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensorAcc{}, SmemLayoutdQ{}, TiledQ{}, cute::_1{}));
-  // A query block's D and LSE (log2), loaded with Q by 1-D TMA over the preprocess's workspace: a box of
-  // kBlockM + 4 from the 16-byte aligned element at or before the block's first row (TMA needs that
-  // alignment), kept at kRowsStride per stage (a multiple of 128 bytes, as TMA destinations need).
-  static constexpr int kRowsBox = kBlockM + 4, kRowsStride = (kRowsBox + 31) / 32 * 32;
-  using SmemLayoutRows = cute::Layout<cute::Shape<cute::Int<kRowsBox>>>;
-  using GmemTensorRows = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const float*>(nullptr)),
-                                                    cute::Layout<cute::Shape<int>>{}));
-  using TmaRows = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensorRows{}, SmemLayoutRows{}));
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kRowsBytes = kRowsBox * sizeof(float);
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, typename Base::GmemTensorAcc{}, SmemLayoutdQ{},
+                                             TiledQ{}, cute::_1{}));
 
-  struct SharedStorage {
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
+  struct SharedStorage : Base::LoadStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[2];  // by step parity
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
-    alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
-    alignas(128) float dsum[kStages][kRowsStride];
-    uint64_t kv_full;
-    uint64_t q_full[kStages], q_empty[kStages], do_full[kStages], do_empty[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block (d 128 uses all of it)");
 };
+
+// Head dim > 128 (FA3's shape for d 192 / 256): dK and dV of a block's keys no longer fit one warpgroup's
+// registers, so the warpgroups split the head dim instead. Each computes S = Q K^T and dP = dO V^T for
+// its kKeys of the keys (rows along queries, as in the forward) and writes P and dS to shared memory; then
+// dV^T += dO^T P and dK^T += Q^T dS for its kDRows rows of the head dim (all keys), and dQ = dS K for its
+// kDRows columns, added to dq_accum from registers (there is no room to stage it). 80 keys per block at
+// d 256 leave room for one dO stage only (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
+// which bound the 64-key version (L2 at 76% of its throughput).
+template <int kHeadDim_, typename Element_, int kGroups_ = (kHeadDim_ == 192 ? 3 : 2), int kKeys_ = (kHeadDim_ == 192 ? 32 : 40)>
+struct BwdTraitsSm90Wide
+    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, kHeadDim_ / kGroups_ / (kKeys_ > 32 ? 2 : 1), /*kStagesdO=*/1> {
+  static constexpr int kConsumerWarpgroups = kGroups_;
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, kHeadDim_ / kGroups_ / (kKeys_ > 32 ? 2 : 1), 1>;
+  using Element = Element_;
+  static constexpr bool kWide = true;
+  static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = kKeys_ * kConsumerWarpgroups;
+  static constexpr int kKeys = kKeys_, kDRows = kHeadDim / kConsumerWarpgroups;  // per consumer warpgroup
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+  static constexpr int kNThreads = 128 + kConsumerThreads;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = kConsumerWarpgroups == 3 ? 160 : 240;
+  static_assert(kDRows % 64 == 0, "each warpgroup's share of the head dim is whole wgmma rows");
+
+  using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kKeys>>;               // one warpgroup's S: (queries, its keys)
+  using TileKVWarpgroup = cute::Shape<cute::Int<kKeys>, cute::Int<kHeadDim>>;    // its keys of K, V
+  using TiledKVt = cute::Shape<cute::Int<kDRows>, cute::Int<kBlockN>>;           // its rows of dK^T, dV^T
+  // dQ = dS K for its kDRows columns in kDQParts GEMMs, so that their accumulator fits beside dK^T / dV^T.
+  static constexpr int kDQParts = kKeys_ > 32 ? 2 : 1, kDQPart = kDRows / kDQParts;
+  using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>>;  // one part of its dQ columns
+
+  // S, dP = (M, 32 keys) += Q / dO (M, D) K / V (32, D)^T: both K-major.
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kKeys>, cute::Int<kHeadDim>>>()));
+  // dV^T, dK^T = (kDRows, N) += dO^T / Q^T (kDRows, M) P / dS (M, N): both MN-major views.
+  using TiledMmadKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>()));
+  // dQ part = (M, kDQPart) += dS (M, N keys) K (N, kDQPart): dS K-major, K MN-major.
+  using TiledMmadQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>, cute::Int<kBlockN>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  static_assert(cute::tile_size<1>(TiledMmaSdP{}) == kKeys && cute::tile_size<1>(TiledMmadKV{}) == kBlockN &&
+                cute::tile_size<1>(TiledMmadQ{}) == kDQPart, "each product must be one wgmma wide");
+
+  // P and dS, (M, N) with the keys contiguous: dQ's K-major A operand, and through the (N, M) view the
+  // MN-major B operand of dV^T and dK^T.
+  // Each warpgroup writes its kKeys columns: a swizzle atom may not straddle two warpgroups' columns.
+  using SmemAtomPdS = std::conditional_t<kKeys % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                      std::conditional_t<kKeys % 32 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                      std::conditional_t<kKeys % 16 == 0, cute::GMMA::Layout_K_SW32_Atom<Element>,
+                                         cute::GMMA::Layout_K_INTER_Atom<Element>>>>;
+  using SmemLayoutPdS = decltype(cute::tile_to_shape(SmemAtomPdS{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+  using SmemLayoutPdSt = decltype(cute::composition(
+      SmemLayoutPdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
+                                                 cute::Step<cute::_2, cute::_1>{})));
+  struct NoTma {};
+  using TmadQ = NoTma;  // dQ goes to dq_accum by reductions from registers
+
+  struct SharedStorage : Base::LoadStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> p;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> ds;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block");
+};
+
+// The backward's traits for a head dim.
+template <int kHeadDim, typename Element>
+using BwdTraitsSm90For = std::conditional_t<(kHeadDim <= 128), BwdTraitsSm90<kHeadDim, Element>,
+                                            BwdTraitsSm90Wide<kHeadDim, Element>>;
 
 template <class Traits>
 struct BwdArgsSm90 {

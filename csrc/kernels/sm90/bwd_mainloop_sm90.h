@@ -1,0 +1,205 @@
+// The Hopper backward's consumer warpgroups at head dim <= 128: keys split over the warpgroups, 64 each.
+//   S^T = K Q^T, dP^T = V dO^T -> mask -> P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - D)
+//   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
+//   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it).
+#pragma once
+
+#include "sm90/bwd_work_sm90.h"
+
+namespace flash_attn2::sm90 {
+
+// Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the block's key block.
+template <class Traits>
+__device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                            const BwdWork<Traits>& work, int wg) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  const BwdParams& p = args.params;
+  const SeqlenInfo& seq = work.seq;
+  const int steps = work.steps, n_block = work.n_block, bidb = work.bidb, bidh_k = work.bidh_k;
+  const bool varlen = work.varlen;
+  const int thread = int(threadIdx.x) % 128;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});      // (M, D, stages)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});  // (M, D, stages)
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});    // (D, M, stages)
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});  // (D, M, stages)
+  Tensor sKw = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
+                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D): own keys
+  Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
+                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D)
+  Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
+                          Shape<Int<Traits::kHalfD>, Int<kBlockN>>{}, make_coord(wg, _0{}));  // (D / 2, N): own dQ columns
+  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[wg].data()), typename Traits::SmemLayoutdQ{});  // (M, D / 2)
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(thread);
+  auto thr_dkv = mma_dkv.get_thread_slice(thread);
+  auto thr_dq = mma_dq.get_thread_slice(thread);
+  Tensor tSrK = thr_sdp.partition_fragment_A(sKw);    // (MMA, MMA_N, MMA_D) descriptors
+  Tensor tdPrV = thr_sdp.partition_fragment_A(sVw);   // (MMA, MMA_N, MMA_D)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, MMA_M, MMA_D, stages)
+  Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);  // (MMA, MMA_M, MMA_D, stages)
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);  // (MMA, MMA_D, MMA_M, stages)
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);    // (MMA, MMA_D, MMA_M, stages)
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);     // (MMA, MMA_D / 2, MMA_N)
+  Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::TileKVWarpgroup{});  // (MMA, 1, MMA_D)
+  Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::TileKVWarpgroup{});  // (MMA, 1, MMA_D)
+
+  Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
+  constexpr int kCols = decltype(size<1>(tScS))::value;
+  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  const int diag = seq.len_k - seq.len_q;
+  auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_sdp);
+  auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
+  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
+  auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
+  Tensor tdQsdQ = smem_thr_dq.partition_D(sdQ);  // (CPY, CPY_M, CPY_D)
+  const bool release_thread = thread == 0;
+
+  PipelineState state;
+  const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
+  clear(acc_dk);
+  clear(acc_dv);
+  if (steps > 0) {
+    barrier_wait(&smem.kv_full, 0);
+    // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
+    // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
+    if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
+  }
+  for (int step = 0; step < steps; ++step) {
+    const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
+    const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
+    // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs.
+    barrier_wait(&smem.q_full[stage], state.phase);
+    Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+    barrier_wait(&smem.do_full[stage], state.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
+    Tensor St = rowcol_view(acc_s);    // (keys, queries)
+    Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
+    // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs, then dS^T = P^T o (dP^T - D). Where a pair
+    // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
+    // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
+    auto softmax = [&](auto masked) {
+      auto keep = [&](int r, int c) {
+        if constexpr (decltype(masked)::value) {
+          const int key = key0 + get<0>(tScS(r, 0)), row = row0 + get<1>(tScS(r, c));
+          return row < seq.len_q && key < seq.len_k && !(p.causal && key > row + diag);
+        } else {
+          return true;
+        }
+      };
+      warpgroup_wait<1>();
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(St); ++r) {
+          const float pt = fast_exp2(St(r, c) * scale_log2 - lse_log2);
+          St(r, c) = keep(r, c) ? pt : 0.f;
+        }
+      }
+      warpgroup_wait<0>();
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const float dsum = smem.dsum[stage][rows_shift + get<1>(tScS(0, c))];
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(St); ++r) {
+          const float ds = St(r, c) * (dPt(r, c) - dsum);
+          dPt(r, c) = keep(r, c) ? ds : 0.f;
+        }
+      }
+    };
+    if (m_block < work.blocks.m_unmasked_min || row0 + kBlockM > seq.len_q) {
+      softmax(std::true_type{});
+    } else {
+      softmax(std::false_type{});
+    }
+    // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their
+    // P^T and dS^T columns are 0), once both warpgroups' S^T and dP^T are done with them.
+    if (varlen && row0 + kBlockM > seq.len_q) {
+      const int valid = max(0, seq.len_q - row0);
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kTail));
+      zero_rows(sQ(_, _, stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      zero_rows(sdO(_, _, stage), valid, wg * 128 + thread, Traits::kConsumerThreads);
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kTail));
+    }
+
+    // dV += P^T dO from registers while dS^T goes to shared memory for dQ = dS K; then dK += dS^T Q, whose
+    // GEMM must come after the store (a wgmma's register operands are not to be touched until waited for).
+    // This step's dS^T buffer was last read by dQ two steps ago, which both warpgroups had waited for
+    // before last step's kdSWritten.
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
+    Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdS{});  // (M, N)
+    Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdSt{}),
+                              Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
+    cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));
+    cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
+    named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+    warpgroup_wait<1>();  // dV and dK are done: Q[m] and dO[m] may go
+    if (release_thread) {
+      barrier_arrive(&smem.q_empty[stage]);
+      barrier_arrive(&smem.do_empty[stage]);
+    }
+    state.template advance<kStages>();
+    warpgroup_wait<0>();
+
+    // This step's dQ share to shared memory once the writer warp has sent the last one.
+    if (step > 0) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
+    cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
+    cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
+    named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
+  }
+
+  // dK and dV leave from registers, two elements at a time, keys past the sequence clipped: with head
+  // splits this block's fp32 share (scaled and converted afterwards), else dK = scale dS^T Q and dV.
+  Tensor dK = rowcol_view(acc_dk);  // (keys, D)
+  Tensor dV = rowcol_view(acc_dv);  // (keys, D)
+  Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
+  auto for_each_pair = [&](auto&& f) {  // f(key, column, r, c) for the pairs (r, c), (r, c + 1)
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(dK); ++r) {
+      const int key = key0 + get<0>(tdKcdK(r, 0));
+      if (key >= seq.len_k) continue;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dK); c += 2) f(key, get<1>(tdKcdK(r, c)), r, c);
+    }
+  };
+  if (args.head_splits > 1) {
+    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb);
+    float* dk_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 0, bidh_k, first_key);
+    float* dv_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 1, bidh_k, first_key);
+    for_each_pair([&](int key, int col, int r, int c) {
+      const int64_t at = int64_t(key) * kHeadDim + col;
+      red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
+      red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
+    });
+    return;
+  }
+  Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
+  for_each_pair([&](int key, int col, int r, int c) {
+    if (col >= p.head_dim) return;
+    using Pair = cutlass::Array<Element, 2>;
+    Pair k2, v2;
+    k2[0] = Element(dK(r, c) * p.softmax_scale), k2[1] = Element(dK(r, c + 1) * p.softmax_scale);
+    v2[0] = Element(dV(r, c)), v2[1] = Element(dV(r, c + 1));
+    *reinterpret_cast<Pair*>(dk + int64_t(key) * p.dk_row_stride + col) = k2;
+    *reinterpret_cast<Pair*>(dv + int64_t(key) * p.dv_row_stride + col) = v2;
+  });
+}
+
+}  // namespace flash_attn2::sm90

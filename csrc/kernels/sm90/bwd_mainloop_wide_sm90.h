@@ -1,0 +1,221 @@
+// The Hopper backward's consumer warpgroups above head dim 128 (BwdTraitsSm90Wide): dK and dV of the
+// block's keys split over the warpgroups by head-dim rows, since one warpgroup's registers cannot hold
+// them for all of D. Per step, warpgroup w:
+//   S = Q K_w^T, dP = dO V_w^T (its kKeys keys) -> mask -> P = exp2(S scale log2e - LSE log2e),
+//   dS = P o (dP - D) -> shared memory (both warpgroups' keys side by side),
+//   dV^T[w] += dO^T[w] P, dK^T[w] += Q^T[w] dS (its kDRows rows of the head dim, all keys),
+//   dQ[:, w] = dS K[:, w] -> dq_accum by reductions from registers (scaled and converted afterwards).
+#pragma once
+
+#include "sm90/bwd_work_sm90.h"
+
+namespace flash_attn2::sm90 {
+
+template <class Traits>
+__device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                                 const BwdWork<Traits>& work, int wg) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys, kDRows = Traits::kDRows;
+  constexpr int kThreads = Traits::kConsumerThreads;
+  const BwdParams& p = args.params;
+  const SeqlenInfo& seq = work.seq;
+  const int steps = work.steps, n_block = work.n_block;
+  const int thread = int(threadIdx.x) % 128;
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});       // (M, D, stages)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});  // (M, D, dO stages)
+  // Its head-dim rows of Q^T and dO^T.
+  Tensor sQt = local_tile(make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{}),
+                          Shape<Int<kDRows>, Int<kBlockM>, Int<kStages>>{}, make_coord(wg, _0{}, _0{}));   // (D_w, M, stages)
+  Tensor sdOt = local_tile(make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdOt{}),
+                           Shape<Int<kDRows>, Int<kBlockM>, Int<Traits::kStagesdO>>{},
+                           make_coord(wg, _0{}, _0{}));  // (D_w, M, dO stages)
+  Tensor sKw = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
+                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (kKeys, D): own keys
+  Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
+                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (32, D)
+  constexpr int kDQParts = Traits::kDQParts, kDQPart = Traits::kDQPart;
+  Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
+                          Shape<Int<kDQPart>, Int<kBlockN>>{}, make_coord(_, _0{}));  // (D_part, N, parts of D)
+  Tensor sP = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdS{});     // (M, N)
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutPdS{});   // (M, N)
+  Tensor sPt = make_tensor(make_smem_ptr(smem.p.data()), typename Traits::SmemLayoutPdSt{});   // (N, M)
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutPdSt{}); // (N, M)
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(thread);
+  auto thr_dkv = mma_dkv.get_thread_slice(thread);
+  auto thr_dq = mma_dq.get_thread_slice(thread);
+  Tensor tSrQ = thr_sdp.partition_fragment_A(sQ);     // (MMA, MMA_M, MMA_D, stages) descriptors
+  Tensor tdPrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, MMA_M, MMA_D, stages)
+  Tensor tSrK = thr_sdp.partition_fragment_B(sKw);    // (MMA, MMA_N, MMA_D)
+  Tensor tdPrV = thr_sdp.partition_fragment_B(sVw);   // (MMA, MMA_N, MMA_D)
+  Tensor tdVrdO = thr_dkv.partition_fragment_A(sdOt);  // (MMA, MMA_DW, MMA_M, stages)
+  Tensor tdKrQ = thr_dkv.partition_fragment_A(sQt);    // (MMA, MMA_DW, MMA_M, stages)
+  Tensor tdVrP = thr_dkv.partition_fragment_B(sPt);    // (MMA, MMA_NK, MMA_M)
+  Tensor tdKrdS = thr_dkv.partition_fragment_B(sdSt);  // (MMA, MMA_NK, MMA_M)
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);    // (MMA, MMA_M, MMA_NK)
+  Tensor tdQrK = thr_dq.partition_fragment_B(sKt);     // (MMA, MMA_DP, MMA_NK, parts of D)
+  Tensor acc_dkt = partition_fragment_C(mma_dkv, typename Traits::TiledKVt{});  // (MMA, D_w / 64, 1)
+  Tensor acc_dvt = partition_fragment_C(mma_dkv, typename Traits::TiledKVt{});  // (MMA, D_w / 64, 1)
+
+  Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
+  constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
+  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  const int diag = seq.len_k - seq.len_q;
+  auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_sdp);
+  auto smem_thr_pds = smem_copy_pds.get_thread_slice(thread);
+  Tensor tPsP = smem_thr_pds.partition_D(local_tile(sP, typename Traits::TileS{}, make_coord(_0{}, wg)));
+  Tensor tdSsdS = smem_thr_pds.partition_D(local_tile(sdS, typename Traits::TileS{}, make_coord(_0{}, wg)));
+  Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));  // (M, D_part) -> coords
+  const bool release_thread = thread == 0;
+  const int64_t first_row = seq.offset_q(p.seqlen_q, 1, work.bidb);
+
+  PipelineState state, state_do;
+  const int key0 = n_block * kBlockN + wg * kKeys;  // this warpgroup's first key
+  clear(acc_dkt);
+  clear(acc_dvt);
+  if (steps > 0) {
+    barrier_wait(&smem.kv_full, 0);
+    // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
+    // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own keys, dQ runs after kdSWritten.
+    if (work.varlen && key0 + kKeys > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
+  }
+  for (int step = 0; step < steps; ++step) {
+    const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage, stage_do = state_do.stage;
+    const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
+    barrier_wait(&smem.q_full[stage], state.phase);
+    Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileS{});   // ((2, 2, 4), M / 64, 1)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileS{});  // ((2, 2, 4), M / 64, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrQ(_, _, _, stage), tSrK, acc_s);
+    barrier_wait(&smem.do_full[stage_do], state_do.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
+    Tensor S = rowcol_view(acc_s);    // (queries, keys)
+    Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
+    // P = exp2(S scale log2e - LSE log2e) while dP runs, then dS = P o (dP - D); where a pair may be hidden
+    // (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
+    auto softmax = [&](auto masked) {
+      auto keep = [&](int r, int c) {
+        if constexpr (decltype(masked)::value) {
+          const int row = row0 + get<0>(tScS(r, c)), key = key0 + get<1>(tScS(r, c));
+          return row < seq.len_q && key < seq.len_k && !(p.causal && key > row + diag);
+        } else {
+          return true;
+        }
+      };
+      warpgroup_wait<1>();
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float lse_log2 = smem.lse_log2[stage][rows_shift + get<0>(tScS(r, 0))];  // +inf for a row that saw no key
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float pv = fast_exp2(S(r, c) * scale_log2 - lse_log2);
+          S(r, c) = keep(r, c) ? pv : 0.f;
+        }
+      }
+      warpgroup_wait<0>();
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float dsum = smem.dsum[stage][rows_shift + get<0>(tScS(r, 0))];
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float ds = S(r, c) * (dP(r, c) - dsum);
+          dP(r, c) = keep(r, c) ? ds : 0.f;
+        }
+      }
+    };
+    if (m_block < work.blocks.m_unmasked_min || row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k) {
+      softmax(std::true_type{});
+    } else {
+      softmax(std::false_type{});
+    }
+    // P and dS to shared memory once every warpgroup's last GEMMs are done with them (and, for varlen,
+    // with Q and dO's rows past the sequence, zeroed here: their P and dS rows are 0, but 0 x NaN is not).
+    named_barrier_sync(kThreads, int(BwdBarrier::kPdSFree));
+    if (work.varlen && row0 + kBlockM > seq.len_q) {
+      const int valid = max(0, seq.len_q - row0);
+      zero_rows(sQ(_, _, stage), valid, wg * 128 + thread, kThreads);
+      zero_rows(sdO(_, _, stage_do), valid, wg * 128 + thread, kThreads);
+    }
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor rdS = convert_fragment<Element>(acc_dp);
+    cute::copy(smem_copy_pds, smem_thr_pds.retile_S(rP), tPsP);
+    cute::copy(smem_copy_pds, smem_thr_pds.retile_S(rdS), tdSsdS);
+    cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
+    named_barrier_sync(kThreads, int(BwdBarrier::kdSWritten));
+
+    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows, then its dQ columns, part by
+    // part, each added to dq_accum from registers (rows past the sequence left out).
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage_do), tdVrP, acc_dvt);
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrQ(_, _, _, stage), tdKrdS, acc_dkt);
+    float* dq_acc = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, work.head(step), first_row + row0);
+    CUTE_UNROLL
+    for (int part = 0; part < kDQParts; ++part) {
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D_part / 8), 1, 1)
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK(_, _, _, wg * kDQParts + part), acc_dq);
+      if (part == 0) {
+        warpgroup_wait<1>();  // dV^T and dK^T are done: Q[m] and dO[m] may go
+        if (release_thread) {
+          barrier_arrive(&smem.q_empty[stage]);
+          barrier_arrive(&smem.do_empty[stage_do]);
+        }
+      }
+      warpgroup_wait<0>();
+      Tensor dQ = rowcol_view(acc_dq);  // (M, D_part)
+      const int col0 = (wg * kDQParts + part) * kDQPart;
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(dQ); ++r) {
+        const int row = get<0>(tdQcdQ(r, 0));
+        if (row0 + row >= seq.len_q) continue;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dQ); c += 2) {
+          red_add_global_x2(dq_acc + row * kHeadDim + col0 + get<1>(tdQcdQ(r, c)), dQ(r, c), dQ(r, c + 1));
+        }
+      }
+    }
+    state.template advance<kStages>();
+    state_do.template advance<Traits::kStagesdO>();
+  }
+
+  // dK and dV from registers: element (d, key) of dK^T / dV^T is dK / dV (key, d); keys past the sequence
+  // and columns past head_dim clipped. With head splits this block's fp32 share (scaled and converted
+  // afterwards), else dK = scale dS^T Q and dV.
+  Tensor dKt = rowcol_view(acc_dkt);  // (D_w, keys)
+  Tensor dVt = rowcol_view(acc_dvt);  // (D_w, keys)
+  Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TiledKVt{})));  // (D_w, keys) -> coords
+  auto for_each = [&](auto&& f) {  // f(key, column, r, c)
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(dKt); ++r) {
+      const int col = wg * kDRows + get<0>(tdKcdK(r, 0));
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(dKt); ++c) {
+        const int key = n_block * kBlockN + get<1>(tdKcdK(r, c));
+        if (key < seq.len_k && col < p.head_dim) f(key, col, r, c);
+      }
+    }
+  };
+  if (args.head_splits > 1) {
+    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, work.bidb);
+    float* dk_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 0, work.bidh_k, first_key);
+    float* dv_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 1, work.bidh_k, first_key);
+    for_each([&](int key, int col, int r, int c) {
+      atomicAdd(dk_acc + int64_t(key) * kHeadDim + col, dKt(r, c));
+      atomicAdd(dv_acc + int64_t(key) * kHeadDim + col, dVt(r, c));
+    });
+    return;
+  }
+  Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, work.bidb) +
+                work.bidh_k * p.dk_head_stride;
+  Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, work.bidb) +
+                work.bidh_k * p.dv_head_stride;
+  for_each([&](int key, int col, int r, int c) {
+    dk[int64_t(key) * p.dk_row_stride + col] = Element(dKt(r, c) * p.softmax_scale);
+    dv[int64_t(key) * p.dv_row_stride + col] = Element(dVt(r, c));
+  });
+}
+
+}  // namespace flash_attn2::sm90

@@ -1,0 +1,65 @@
+// What every role of a Hopper backward block shares: its work (a key block of one kv head and the steps
+// over query heads and query blocks), the named barriers, and the Hopper dQ accumulator's layout.
+#pragma once
+
+// First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
+#include "sm90/bwd_traits_sm90.h"
+
+#include <cute/tensor.hpp>
+
+#include "flash_attn2/flash_attn2.h"
+#include "common/block_range.h"
+#include "common/registry.h"  // bwd_lse_log2_offset, bwd_dkv_accum_offset
+#include "common/seqlen.h"
+#include "common/tile_scheduler.h"
+#include "common/utils.h"
+#include "sm90/fwd_kernel_sm90.h"  // tma_shape
+#include "sm90/wgmma.h"
+
+namespace flash_attn2::sm90 {
+
+// Named barrier ids (above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer warpgroup
+// w with the dQ writer warp (head dim <= 128); kPdSFree: the wide shape's P and dS may be overwritten.
+enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kdQFull0 = 2, kdQEmpty0 = 4, kPdSFree = 6 };
+constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
+
+// The Hopper dQ accumulator: fp32, (heads, total_q rows, kHeadDim) row-major, zeroed by the preprocess
+// (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
+template <int kHeadDim>
+__host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int head, int64_t packed_row) {
+  return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
+}
+
+// One block's work: a key block of one kv head, and its steps (query head of the block's share of the
+// group, query block that sees these keys), taken in the same order by every role.
+template <class Traits>
+struct BwdWork {
+  int bidb, bidh_k, h0, n_block, m_count, steps;
+  SeqlenInfo seq;
+  BwdBlockRange blocks;
+  bool varlen;
+  int batch_index;  // of the (rows, D, heads, batch) TMA tensors: 0 for varlen
+
+  // With head splits, consecutive blocks share a key block, each with its part of the query-head group.
+  __device__ BwdWork(const BwdParams& p, const QueryTile& tile, int head_splits)
+      : bidb(tile.bidb), bidh_k(tile.bidh), seq(p, tile.bidb), varlen(p.cu_seqlens_q != nullptr) {
+    constexpr int kBlockN = Traits::kBlockN;
+    const int group = p.num_heads / p.num_heads_k / head_splits;  // query heads of this block
+    h0 = bidh_k * group * head_splits + int(blockIdx.x) % head_splits * group;
+    // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
+    // first block is seen by the most query rows, so the order is reversed: longest work first.
+    n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.m_block;
+    blocks = bwd_block_range<Traits::kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
+    m_count = max(0, blocks.m_max - blocks.m_min);
+    steps = group * m_count;
+    batch_index = varlen ? 0 : bidb;
+  }
+  __device__ int head(int step) const { return h0 + step / m_count; }
+  __device__ int m_block(int step) const { return blocks.m_max - 1 - step % m_count; }
+  // The step's first row in the (heads, total_q) layout of D and LSE.
+  __device__ int64_t rows(const BwdParams& p, int step) const {
+    return int64_t(head(step)) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + m_block(step) * Traits::kBlockM;
+  }
+};
+
+}  // namespace flash_attn2::sm90
