@@ -2,7 +2,7 @@
 // block's keys split over the warpgroups by head-dim rows, since one warpgroup's registers cannot hold
 // them for all of D. Per step, warpgroup w:
 //   S = Q K_w^T, dP = dO V_w^T (its kKeys keys) -> mask -> P = exp2(S scale log2e - LSE log2e),
-//   dS = P o (dP - D) -> shared memory (both warpgroups' keys side by side),
+//   dS = P o (dP - D) -> shared memory (all warpgroups' keys side by side),
 //   dV^T[w] += dO^T[w] P, dK^T[w] += Q^T[w] dS (its kDRows rows of the head dim, all keys),
 //   dQ[:, w] = dS K[:, w] -> dq_accum by reductions from registers (scaled and converted afterwards).
 #pragma once
@@ -35,7 +35,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   Tensor sKw = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (kKeys, D): own keys
   Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
-                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (32, D)
+                          typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));         // (kKeys, D)
   constexpr int kDQParts = Traits::kDQParts, kDQPart = Traits::kDQPart;
   Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
                           Shape<Int<kDQPart>, Int<kBlockN>>{}, make_coord(_, _0{}));  // (D_part, N, parts of D)
@@ -89,8 +89,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage, stage_do = state_do.stage;
     const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
     barrier_wait(&smem.q_full[stage], state.phase);
-    Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileS{});   // ((2, 2, 4), M / 64, 1)
-    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileS{});  // ((2, 2, 4), M / 64, 1)
+    Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileS{});   // ((2, 2, kKeys / 8), 1, 1)
+    Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileS{});  // ((2, 2, kKeys / 8), 1, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrQ(_, _, _, stage), tSrK, acc_s);
     barrier_wait(&smem.do_full[stage_do], state_do.phase);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
