@@ -44,7 +44,7 @@ inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   int device = 0, num_sms = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
-  constexpr int kKeys = 128;
+  constexpr int kKeys = kBwdBlockNSm90;
   const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kKeys + p.batch  // the varlen slots
                                                      : int64_t(p.batch) * ((p.seqlen_k + kKeys - 1) / kKeys);
   const int64_t key_blocks = per_head * p.num_heads_k;

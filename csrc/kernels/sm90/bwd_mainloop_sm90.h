@@ -18,7 +18,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   constexpr int kStages = Traits::kStages;
   const BwdParams& p = args.params;
   const SeqlenInfo& seq = work.seq;
-  const int steps = work.steps, n_block = work.n_block, bidb = work.bidb, bidh_k = work.bidh_k;
+  const int steps = work.steps, n_block = work.n_block;
   const bool varlen = work.varlen;
   const int thread = int(threadIdx.x) % 128;
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});      // (M, D, stages)
@@ -179,9 +179,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     }
   };
   if (args.head_splits > 1) {
-    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, bidb);
-    float* dk_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 0, bidh_k, first_key);
-    float* dv_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 1, bidh_k, first_key);
+    float* dk_acc = work.dkv_accum(p, 0);
+    float* dv_acc = work.dkv_accum(p, 1);
     for_each_pair([&](int key, int col, int r, int c) {
       const int64_t at = int64_t(key) * kHeadDim + col;
       red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
@@ -189,8 +188,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     });
     return;
   }
-  Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
+  Element* dk = work.template dkv_out<Element>(p, 0);
+  Element* dv = work.template dkv_out<Element>(p, 1);
   for_each_pair([&](int key, int col, int r, int c) {
     if (col >= p.head_dim) return;
     using Pair = cutlass::Array<Element, 2>;

@@ -199,19 +199,16 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     }
   };
   if (args.head_splits > 1) {
-    const int64_t first_key = seq.offset_k(p.seqlen_k, 1, work.bidb);
-    float* dk_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 0, work.bidh_k, first_key);
-    float* dv_acc = p.dq_accum + bwd_dkv_accum_offset(p, kHeadDim, 1, work.bidh_k, first_key);
+    float* dk_acc = work.dkv_accum(p, 0);
+    float* dv_acc = work.dkv_accum(p, 1);
     for_each([&](int key, int col, int r, int c) {
       atomicAdd(dk_acc + int64_t(key) * kHeadDim + col, dKt(r, c));
       atomicAdd(dv_acc + int64_t(key) * kHeadDim + col, dVt(r, c));
     });
     return;
   }
-  Element* dk = static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, work.bidb) +
-                work.bidh_k * p.dk_head_stride;
-  Element* dv = static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, work.bidb) +
-                work.bidh_k * p.dv_head_stride;
+  Element* dk = work.template dkv_out<Element>(p, 0);
+  Element* dv = work.template dkv_out<Element>(p, 1);
   for_each([&](int key, int col, int r, int c) {
     dk[int64_t(key) * p.dk_row_stride + col] = Element(dKt(r, c) * p.softmax_scale);
     dv[int64_t(key) * p.dv_row_stride + col] = Element(dVt(r, c));

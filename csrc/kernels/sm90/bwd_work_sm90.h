@@ -60,6 +60,16 @@ struct BwdWork {
   __device__ int64_t rows(const BwdParams& p, int step) const {
     return int64_t(head(step)) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + m_block(step) * Traits::kBlockM;
   }
+  // Where the sequence's dK (kv = 0) or dV (kv = 1) rows of kv head bidh_k start: with head splits in the
+  // fp32 accumulators (rows of kHeadDim), else in the output.
+  __device__ float* dkv_accum(const BwdParams& p, int kv) const {
+    return p.dq_accum + bwd_dkv_accum_offset(p, Traits::kHeadDim, kv, bidh_k, seq.offset_k(p.seqlen_k, 1, bidb));
+  }
+  template <typename Element>
+  __device__ Element* dkv_out(const BwdParams& p, int kv) const {
+    return kv == 0 ? static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride
+                   : static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
+  }
 };
 
 }  // namespace flash_attn2::sm90
