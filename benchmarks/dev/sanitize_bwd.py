@@ -2,7 +2,7 @@
 # query heads over 4 blocks on the Hopper path) for compute-sanitizer.
 import torch
 from flash_attn2 import flash_attn_func, flash_attn_varlen_func
-for d in (32, 64, 96, 128, 256):
+for d in (32, 64, 96, 128, 160, 192, 224, 256):
     try:  # head dims this build lacks
         flash_attn_func(*(torch.randn(1, 1, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)))
     except NotImplementedError:
