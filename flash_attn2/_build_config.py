@@ -16,7 +16,7 @@ DTYPES = ("fp16", "bf16")
 MIN_ARCH = 80  # the kernels use SM80 tensor-core MMA (mma.sync), valid on sm_80 and newer
 DEFAULT_ARCHS = ("80", "90")  # with PTX for the newest, when no GPU is visible at build time
 HOPPER = "90"  # the arch of the sm_90a forward (csrc/kernels/sm90/)
-BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 256)  # the Hopper backward's, built with the Hopper forward (registry.h: has_bwd_sm90)
+BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the Hopper backward's, built with the Hopper forward (registry.h: has_bwd_sm90)
 GB = 1 << 30
 # Peak resident memory of one nvcc job, nvcc 13.0: the largest SM80 kernel file (head dim 256, two tiles)
 # peaked at 3.5 GB; the Hopper forward files at 2.0-2.4 GB (head dim 128-256, sm_90a); a backward file with

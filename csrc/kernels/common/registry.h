@@ -26,7 +26,7 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 // The Hopper backward (sm_90a), csrc/kernels/sm90/bwd_launch_sm90.h: built with the Hopper forward, for
 // these head dims (_build_config.BWD_SM90_HEAD_DIMS); not for deterministic mode.
 constexpr bool has_bwd_sm90(int head_dim) {
-  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+  return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);

@@ -1,0 +1,4 @@
+// Hopper backward kernel, head dim 192, fp16 (sm_90a code; empty for other targets).
+#include "sm90/bwd_launch_sm90.h"
+
+FLASH_ATTN2_INSTANTIATE_BWD_SM90(192, kFloat16)
