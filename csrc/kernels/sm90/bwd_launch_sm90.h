@@ -51,19 +51,6 @@ typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
   return make_tma_copy(SM90_TMA_LOAD{}, t, typename Traits::SmemLayoutRows{});
 }
 
-// The TMA reduce-add into dq_accum at head dim <= 128; the wide shape adds dQ from registers instead.
-template <class Traits>
-typename Traits::TmadQ make_tma_dq(const BwdParams& p) {
-  if constexpr (Traits::kWide) {
-    return {};
-  } else {
-    constexpr int kHeadDim = Traits::kHeadDim;
-    return sm90::make_tma<Traits, typename Traits::TmadQ, float>(
-        cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
-        p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{});
-  }
-}
-
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsSm90For<kHeadDim, ElementOf<kDType>>;
@@ -92,7 +79,9 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
                                                     p.k_batch_stride, typename Traits::SmemLayoutK{}, typename Traits::TileKV{}),
       sm90::make_tma<Traits, typename Traits::TmaV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
                                                      p.v_batch_stride, typename Traits::SmemLayoutV{}, typename Traits::TileKV{}),
-      make_tma_dq<Traits>(p),
+      sm90::make_tma<Traits, typename Traits::TmadQ, float>(
+          cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
+          p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{}),
       make_tma_rows<Traits>(p.softmax_d, rows_extent),
       int(rows_extent),
       head_splits,

@@ -4,7 +4,8 @@
 //   S = Q K_w^T, dP = dO V_w^T (its kKeys keys) -> mask -> P = exp2(S scale log2e - LSE log2e),
 //   dS = P o (dP - D) -> shared memory (all warpgroups' keys side by side),
 //   dV^T[w] += dO^T[w] P, dK^T[w] += Q^T[w] dS (its kDRows rows of the head dim, all keys),
-//   dQ[:, w] = dS K[:, w] -> dq_accum by reductions from registers (scaled and converted afterwards).
+//   dQ[:, w] = dS K[:, w], 32 columns at a time -> shared memory -> dq_accum (the writer warp's TMA
+//   reduce-add; scaled and converted afterwards).
 #pragma once
 
 #include "sm90/bwd_work_sm90.h"
@@ -71,9 +72,11 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   auto smem_thr_pds = smem_copy_pds.get_thread_slice(thread);
   Tensor tPsP = smem_thr_pds.partition_D(local_tile(sP, typename Traits::TileS{}, make_coord(_0{}, wg)));
   Tensor tdSsdS = smem_thr_pds.partition_D(local_tile(sdS, typename Traits::TileS{}, make_coord(_0{}, wg)));
-  Tensor tdQcdQ = rowcol_view(thr_dq.partition_C(make_identity_tensor(typename Traits::TiledQ{})));  // (M, D_part) -> coords
+  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
+  auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
+  Tensor tdQsdQ = smem_thr_dq.partition_D(make_tensor(make_smem_ptr(smem.dq[wg].data()),
+                                                      typename Traits::SmemLayoutdQ{}));  // (CPY, CPY_M, CPY_D)
   const bool release_thread = thread == 0;
-  const int64_t first_row = seq.offset_q(p.seqlen_q, 1, work.bidb);
 
   PipelineState state, state_do;
   const int key0 = n_block * kBlockN + wg * kKeys;  // this warpgroup's first key
@@ -148,35 +151,36 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
     named_barrier_sync(kThreads, int(BwdBarrier::kdSWritten));
 
-    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows, then its dQ columns, part by
-    // part, each added to dq_accum from registers (rows past the sequence left out).
+    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows; then its dQ columns, 32 at a
+    // time, each part's GEMM issued before the last part is staged for the writer warp (wgmma groups
+    // complete in issue order).
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage_do), tdVrP, acc_dvt);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrQ(_, _, _, stage), tdKrdS, acc_dkt);
-    float* dq_acc = p.dq_accum + dq_accum_offset_sm90<kHeadDim>(p, work.head(step), first_row + row0);
-    CUTE_UNROLL
-    for (int part = 0; part < kDQParts; ++part) {
-      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D_part / 8), 1, 1)
-      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK(_, _, _, wg * kDQParts + part), acc_dq);
-      if (part == 0) {
-        warpgroup_wait<1>();  // dV^T and dK^T are done: Q[m] and dO[m] may go
+    Tensor acc_dq0 = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, 4), 1, 1)
+    Tensor acc_dq1 = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, 4), 1, 1)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK(_, _, _, wg * kDQParts), acc_dq0);
+    cute::for_each(make_int_sequence<kDQParts>{}, [&](auto part) {
+      constexpr int kPart = decltype(part)::value;
+      auto& acc_dq = kPart % 2 == 0 ? acc_dq0 : acc_dq1;
+      if constexpr (kPart + 1 < kDQParts) {
+        wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK(_, _, _, wg * kDQParts + kPart + 1),
+                                                 kPart % 2 == 0 ? acc_dq1 : acc_dq0);
+        warpgroup_wait<1>();
+      } else {
+        warpgroup_wait<0>();
+      }
+      if constexpr (kPart == 0) {  // dV^T and dK^T are done: Q[m] and dO[m] may go
         if (release_thread) {
           barrier_arrive(&smem.q_empty[stage]);
           barrier_arrive(&smem.do_empty[stage_do]);
         }
       }
-      warpgroup_wait<0>();
-      Tensor dQ = rowcol_view(acc_dq);  // (M, D_part)
-      const int col0 = (wg * kDQParts + part) * kDQPart;
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(dQ); ++r) {
-        const int row = get<0>(tdQcdQ(r, 0));
-        if (row0 + row >= seq.len_q) continue;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(dQ); c += 2) {
-          red_add_global_x2(dq_acc + row * kHeadDim + col0 + get<1>(tdQcdQ(r, c)), dQ(r, c), dQ(r, c + 1));
-        }
-      }
-    }
+      // Staged once the writer warp has sent the last part.
+      if (step > 0 || kPart > 0) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
+      cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
+      cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
+      named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
+    });
     state.template advance<kStages>();
     state_do.template advance<Traits::kStagesdO>();
   }

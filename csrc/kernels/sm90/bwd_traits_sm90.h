@@ -43,10 +43,12 @@ struct BwdLoadTraitsSm90 {
   using SmemLayoutdO = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStagesdO>>{}));
   using SmemLayoutV = decltype(cute::tile_to_shape(SmemAtom{}, TileKV{}));
-  // K also feeds dQ, whose columns the warpgroups split: a column slice may not end inside a swizzle atom
-  // unless that atom is the whole row (d 32, 64). At d 96 (48 columns each) K takes 32-byte atoms.
-  using SmemAtomK = std::conditional_t<kDQCols % 32 == 0 || kHeadDim <= 64, SmemAtom,
-                                       cute::GMMA::Layout_K_SW32_Atom<Element>>;
+  // K also feeds dQ, whose columns the GEMMs split: a column slice may not end inside a swizzle atom
+  // unless that atom is the whole row (d 32, 64). At d 96 (48 columns each) K takes 32-byte atoms, with
+  // 32-column slices (d 192, 256) 64-byte ones.
+  using SmemAtomK = std::conditional_t<kDQCols % 64 == 0 || kHeadDim <= 64, SmemAtom,
+                    std::conditional_t<kDQCols % 32 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                                       cute::GMMA::Layout_K_SW32_Atom<Element>>>;
   using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, TileKV{}));
   // The (D, M) MN-major views of Q and dO, and the (D, keys) view of K, as wgmma operands.
   using SmemLayoutQt = decltype(cute::composition(
@@ -106,6 +108,7 @@ struct BwdTraitsSm90
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
   static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
   static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
+  static constexpr int kDQParts = 1;           // dQ stagings per warpgroup and step
 
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
   using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
@@ -154,14 +157,14 @@ struct BwdTraitsSm90
 // registers, so the warpgroups split the head dim instead. Each computes S = Q K^T and dP = dO V^T for
 // its kKeys of the keys (rows along queries, as in the forward) and writes P and dS to shared memory; then
 // dV^T += dO^T P and dK^T += Q^T dS for its kDRows rows of the head dim (all keys), and dQ = dS K for its
-// kDRows columns, added to dq_accum from registers (there is no room to stage it). 80 keys per block at
+// kDRows columns, 32 at a time, staged for a TMA reduce-add into dq_accum. 80 keys per block at
 // d 256 leave room for one dO stage only (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
 // which bound the 64-key version (L2 at 76% of its throughput).
 template <int kHeadDim_, typename Element_, int kGroups_ = (kHeadDim_ == 192 ? 3 : 2), int kKeys_ = (kHeadDim_ == 192 ? 32 : 40)>
 struct BwdTraitsSm90Wide
-    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, kHeadDim_ / kGroups_ / (kKeys_ > 32 ? 2 : 1), /*kStagesdO=*/1> {
+    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, /*kDQCols=*/32, /*kStagesdO=*/1> {
   static constexpr int kConsumerWarpgroups = kGroups_;
-  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, kHeadDim_ / kGroups_ / (kKeys_ > 32 ? 2 : 1), 1>;
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, 32, 1>;
   using Element = Element_;
   static constexpr bool kWide = true;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = kKeys_ * kConsumerWarpgroups;
@@ -174,8 +177,9 @@ struct BwdTraitsSm90Wide
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kKeys>>;               // one warpgroup's S: (queries, its keys)
   using TileKVWarpgroup = cute::Shape<cute::Int<kKeys>, cute::Int<kHeadDim>>;    // its keys of K, V
   using TiledKVt = cute::Shape<cute::Int<kDRows>, cute::Int<kBlockN>>;           // its rows of dK^T, dV^T
-  // dQ = dS K for its kDRows columns in kDQParts GEMMs, so that their accumulator fits beside dK^T / dV^T.
-  static constexpr int kDQParts = kKeys_ > 32 ? 2 : 1, kDQPart = kDRows / kDQParts;
+  // dQ = dS K for its kDRows columns in GEMMs of 32 columns, each staged in shared memory (8 KB per
+  // warpgroup: the room left) for the producer's writer warp to add to dq_accum (TMA reduce-add).
+  static constexpr int kDQPart = 32, kDQParts = kDRows / kDQPart;
   using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>>;  // one part of its dQ columns
 
   // S, dP = (M, 32 keys) += Q / dO (M, D) K / V (32, D)^T: both K-major.
@@ -203,12 +207,14 @@ struct BwdTraitsSm90Wide
   using SmemLayoutPdSt = decltype(cute::composition(
       SmemLayoutPdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
                                                  cute::Step<cute::_2, cute::_1>{})));
-  struct NoTma {};
-  using TmadQ = NoTma;  // dQ goes to dq_accum by reductions from registers
+  using SmemLayoutdQ = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<float>{}, TiledQ{}));
+  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, typename Base::GmemTensorAcc{}, SmemLayoutdQ{},
+                                             TiledQ{}, cute::_1{}));
 
   struct SharedStorage : Base::LoadStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> p;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> ds;
+    cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block");

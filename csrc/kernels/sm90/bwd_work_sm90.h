@@ -18,9 +18,10 @@
 
 namespace flash_attn2::sm90 {
 
-// Named barrier ids (above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer warpgroup
-// w with the dQ writer warp (head dim <= 128); kPdSFree: the wide shape's P and dS may be overwritten.
-enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kdQFull0 = 2, kdQEmpty0 = 4, kPdSFree = 6 };
+// Named barrier ids (the 8 above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer
+// warpgroup w (up to 3) with the dQ writer warp. kTail (head dim <= 128) and kPdSFree (the wide shape:
+// its P and dS may be overwritten) share an id, as the two shapes never meet in one kernel.
+enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kPdSFree = 1, kdQFull0 = 2, kdQEmpty0 = 5 };
 constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
 
 // The Hopper dQ accumulator: fp32, (heads, total_q rows, kHeadDim) row-major, zeroed by the preprocess
