@@ -158,10 +158,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     warpgroup_wait<0>();
 
     // This step's dQ share to shared memory once the writer warp has sent the last one.
-    if (step > 0) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
-    cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
-    cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
-    named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
+    stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/step > 0);
   }
 
   // dK and dV leave from registers, two elements at a time, keys past the sequence clipped: with head

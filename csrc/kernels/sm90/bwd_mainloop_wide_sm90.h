@@ -176,10 +176,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         }
       }
       // Staged once the writer warp has sent the last part.
-      if (step > 0 || kPart > 0) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
-      cute::copy(smem_copy_dq, smem_thr_dq.retile_S(acc_dq), tdQsdQ);
-      cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
-      named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
+      stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/step > 0 || kPart > 0);
     });
     state.template advance<kStages>();
     state_do.template advance<Traits::kStagesdO>();

@@ -24,6 +24,18 @@ namespace flash_attn2::sm90 {
 enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kPdSFree = 1, kdQFull0 = 2, kdQEmpty0 = 5 };
 constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
 
+// A consumer warpgroup's side of the dQ hand-off to the writer warp (bwd_write_dq): its fp32 share into its
+// staging buffer (tdQsdQ, through the tiled copy and its thread slice) once the writer has sent the previous
+// one (wait_empty: every share but its first), then kdQFull.
+template <class TiledCopy, class ThrCopy, class Acc, class Dst>
+__device__ void stage_dq(const TiledCopy& copy_dq, const ThrCopy& thr_copy, const Acc& acc_dq, Dst& tdQsdQ, int wg,
+                         bool wait_empty) {
+  if (wait_empty) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
+  cute::copy(copy_dq, thr_copy.retile_S(acc_dq), tdQsdQ);
+  cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
+  named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
+}
+
 // The Hopper dQ accumulator: fp32, (heads, total_q rows, kHeadDim) row-major, zeroed by the preprocess
 // (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
 template <int kHeadDim>
