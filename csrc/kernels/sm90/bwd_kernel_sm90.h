@@ -160,6 +160,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       barrier_init(&smem.do_full[s], 1);
       barrier_init(&smem.do_empty[s], kGroups);
     }
+    if constexpr (!Traits::kWide) {
+      if constexpr (Traits::kDeferDQ) {
+        CUTE_UNROLL
+        for (int b = 0; b < Traits::kDSBuffers; ++b) {
+          barrier_init(&smem.ds_full[b], Traits::kConsumerThreads);
+          barrier_init(&smem.ds_empty[b], Traits::kConsumerThreads);
+        }
+      }
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();

@@ -1,7 +1,8 @@
 // The Hopper backward's consumer warpgroups at head dim <= 128: keys split over the warpgroups, 64 each.
 //   S^T = K Q^T, dP^T = V dO^T -> mask -> P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T o (dP^T - D)
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
-//   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it).
+//   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it); with
+//   64-row steps one step later, so that the two warpgroups need not meet every step (Traits::kDeferDQ).
 #pragma once
 
 #include "sm90/bwd_work_sm90.h"
@@ -60,6 +61,27 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   Tensor tdQsdQ = smem_thr_dq.partition_D(sdQ);  // (CPY, CPY_M, CPY_D)
   const bool release_thread = thread == 0;
 
+  constexpr int kDSBuffers = Traits::kDSBuffers;
+  constexpr bool kDeferDQ = Traits::kDeferDQ;
+  // dQ[:, own half] = dS K for step j, once both warpgroups' dS^T of that step is in its buffer.
+  auto issue_dq = [&](int j, auto& acc_dq) {
+    const int b = j % kDSBuffers;
+    if constexpr (kDeferDQ) {
+      barrier_wait(&smem.ds_full[b], (j / kDSBuffers) & 1);
+    } else {
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
+    }
+    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[b].data()), typename Traits::SmemLayoutdS{});  // (M, N)
+    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
+  };
+  // Its buffer released, and the share staged for the writer warp once it has sent the last one.
+  auto finish_dq = [&](int j, auto& acc_dq) {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dq);  // read only after the wgmma that writes it is done
+    if constexpr (kDeferDQ) barrier_arrive(&smem.ds_empty[j % kDSBuffers]);
+    stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/j > 0);
+  };
   PipelineState state;
   const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
   clear(acc_dk);
@@ -74,6 +96,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
     const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
     // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs.
+    // Warpgroup 1 starts once warpgroup 0 has formed its first P^T, to set the two out of phase.
+    if (kDeferDQ && step == 0 && wg == 1) named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kStagger));
     barrier_wait(&smem.q_full[stage], state.phase);
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
@@ -120,6 +144,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     } else {
       softmax(std::false_type{});
     }
+    if (kDeferDQ && step == 0 && wg == 0) named_barrier_arrive(Traits::kConsumerThreads, int(BwdBarrier::kStagger));
     // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their
     // P^T and dS^T columns are 0), once both warpgroups' S^T and dP^T are done with them.
     if (varlen && row0 + kBlockM > seq.len_q) {
@@ -132,33 +157,47 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
 
     // dV += P^T dO from registers while dS^T goes to shared memory for dQ = dS K; then dK += dS^T Q, whose
     // GEMM must come after the store (a wgmma's register operands are not to be touched until waited for).
-    // This step's dS^T buffer was last read by dQ two steps ago, which both warpgroups had waited for
-    // before last step's kdSWritten.
+    // dS^T rotates through kDSBuffers buffers. Deferred dQ: each buffer comes back by ds_empty once both
+    // warpgroups' dQ read it. Else this one was last read by dQ two steps ago, which both warpgroups had
+    // waited for before last step's kdSWritten.
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor rdS = convert_fragment<Element>(acc_dp);
     Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
     Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
-    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdS{});  // (M, N)
-    Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[step & 1].data()), typename Traits::SmemLayoutdSt{}),
+    const int buf = step % kDSBuffers;
+    if (kDeferDQ && step >= kDSBuffers) barrier_wait(&smem.ds_empty[buf], (step / kDSBuffers - 1) & 1);
+    Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[buf].data()), typename Traits::SmemLayoutdSt{}),
                               Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
     cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
+    if constexpr (kDeferDQ) barrier_arrive(&smem.ds_full[buf]);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, stage), acc_dk);
-    named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
-    Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
-    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
-    warpgroup_wait<1>();  // dV and dK are done: Q[m] and dO[m] may go
-    if (release_thread) {
-      barrier_arrive(&smem.q_empty[stage]);
-      barrier_arrive(&smem.do_empty[stage]);
+    auto release = [&] {
+      if (release_thread) {
+        barrier_arrive(&smem.q_empty[stage]);
+        barrier_arrive(&smem.do_empty[stage]);
+      }
+      state.template advance<kStages>();
+    };
+    // Deferred: the previous step's dQ, whose dS both warpgroups have long written, so that neither waits
+    // for the other's softmax and the two run out of phase, one's softmax under the other's GEMMs.
+    const int dq_step = kDeferDQ ? step - 1 : step;
+    if (dq_step >= 0) {
+      Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
+      issue_dq(dq_step, acc_dq);
+      warpgroup_wait<1>();  // dV and dK are done: Q[m] and dO[m] may go
+      release();
+      finish_dq(dq_step, acc_dq);
+    } else {
+      warpgroup_wait<0>();
+      release();
     }
-    state.template advance<kStages>();
-    warpgroup_wait<0>();
-
-    // This step's dQ share to shared memory once the writer warp has sent the last one.
-    stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/step > 0);
+  }
+  if (kDeferDQ && steps > 0) {
+    Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
+    issue_dq(steps - 1, acc_dq);
+    finish_dq(steps - 1, acc_dq);
   }
 
   // dK and dV leave from registers, two elements at a time, keys past the sequence clipped: with head

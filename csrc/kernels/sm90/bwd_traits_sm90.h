@@ -95,9 +95,8 @@ struct BwdLoadTraitsSm90 {
 
 // Head dim <= 128: keys split over the consumer warpgroups (see the top of this file).
 template <int kHeadDim_, typename Element_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64)>
-struct BwdTraitsSm90
-    : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, kBlockM_ == 128 ? 2 : 3, kHeadDim_ / 2> {
-  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, kBlockM_ == 128 ? 2 : 3, kHeadDim_ / 2>;
+struct BwdTraitsSm90 : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, kHeadDim_ / 2> {
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, kHeadDim_ / 2>;
   using Element = Element_;
   static constexpr bool kWide = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBwdBlockNSm90;
@@ -109,6 +108,12 @@ struct BwdTraitsSm90
   static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
   static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
   static constexpr int kDQParts = 1;           // dQ stagings per warpgroup and step
+  // With 64-row steps a step's dQ runs in the next step (kDeferDQ), its dS^T handed between the warpgroups
+  // by mbarriers over 3 buffers, so that the two warpgroups can run half a step apart (TUNING 35). The
+  // 128-row steps at d <= 64 have no room for a third buffer: their dQ runs in its own step, both
+  // warpgroups meeting at kdSWritten (two buffers, by step parity).
+  static constexpr bool kDeferDQ = kBlockM == 64;
+  static constexpr int kDSBuffers = kDeferDQ ? 3 : 2;
 
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
   using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
@@ -146,11 +151,12 @@ struct BwdTraitsSm90
                                              TiledQ{}, cute::_1{}));
 
   struct SharedStorage : Base::LoadStorage {
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[2];  // by step parity
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[kDSBuffers];  // by step % kDSBuffers
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
+    uint64_t ds_full[kDSBuffers], ds_empty[kDSBuffers];  // kDeferDQ: every consumer thread arrives
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block (d 128 uses all of it)");
+  static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block");
 };
 
 // Head dim > 128 (FA3's shape for d 192 / 256): dK and dV of a block's keys no longer fit one warpgroup's

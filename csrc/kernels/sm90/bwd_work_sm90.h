@@ -19,9 +19,9 @@
 namespace flash_attn2::sm90 {
 
 // Named barrier ids (the 8 above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer
-// warpgroup w (up to 3) with the dQ writer warp. kTail (head dim <= 128) and kPdSFree (the wide shape:
-// its P and dS may be overwritten) share an id, as the two shapes never meet in one kernel.
-enum class BwdBarrier : int { kdSWritten = 0, kTail = 1, kPdSFree = 1, kdQFull0 = 2, kdQEmpty0 = 5 };
+// warpgroup w (up to 3) with the dQ writer warp. The wide shape's kdSWritten and kPdSFree share ids with
+// the other shape's kStagger and kTail, as the two shapes never meet in one kernel.
+enum class BwdBarrier : int { kdSWritten = 0, kStagger = 0, kTail = 1, kPdSFree = 1, kdQFull0 = 2, kdQEmpty0 = 5 };
 constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
 
 // A consumer warpgroup's side of the dQ hand-off to the writer warp (bwd_write_dq): its fp32 share into its
