@@ -58,7 +58,10 @@ constexpr Kernels kernels_for() {
     if constexpr (FLASH_ATTN2_COMPILED_SM80_FWD) fwd_sm80 = &launch_fwd<kHeadDim, kDType>;
     if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD) fwd_sm90 = &launch_fwd_sm90<kHeadDim, kDType>;
     BwdLauncher bwd_sm90 = nullptr;
-    if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD && has_bwd_sm90(kHeadDim)) bwd_sm90 = &launch_bwd_sm90<kHeadDim, kDType>;
+    constexpr int kBwdSm90 = bwd_sm90_kernel_dim(kHeadDim);
+    if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD && kBwdSm90 != 0 && compiled(kBwdSm90, kDType)) {
+      bwd_sm90 = &launch_bwd_sm90<kBwdSm90, kDType>;
+    }
     return {fwd_sm80, fwd_sm90, &launch_bwd<kHeadDim, kDType>, bwd_sm90};
   } else {
     return {nullptr, nullptr, nullptr, nullptr};
@@ -244,11 +247,14 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   const int64_t sm80 = int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
-  const int64_t sm90 = int64_t(p.num_heads) * p.total_q * bucket;  // the Hopper backward's (heads, total_q rows)
-  // Then, with head splits, dK and dV (bwd_dkv_accum_offset).
+  // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
+  const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
+  const int64_t sm90 = int64_t(p.num_heads) * p.total_q * width;
+  // Then, with head splits, dK and dV (bwd_dkv_accum_offset), in the row width of whichever path runs.
   int head_splits = 1;
   if (bwd_head_splits(p, &head_splits) != cudaSuccess) head_splits = 1;  // the launch meets the error and says it
-  return std::max(sm80, sm90) + (head_splits > 1 ? 2 * int64_t(p.num_heads_k) * p.total_k * bucket : 0);
+  if (head_splits == 1) return std::max(sm80, sm90);
+  return std::max({sm80, sm90, bwd_dkv_accum_offset(p, bucket, 2, 0, 0), bwd_dkv_accum_offset(p, width, 2, 0, 0)});
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {

@@ -28,6 +28,12 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 constexpr bool has_bwd_sm90(int head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
+// The Hopper backward kernel that serves a head-dim bucket: its own, or for 160 and 224 the 192 / 256 one on
+// zero-padded head dims (TMA fills the columns past head_dim with zeros; the accumulators have the kernel's
+// row width, bwd_dq_accum_elems); 0 for none.
+constexpr int bwd_sm90_kernel_dim(int bucket) {
+  return has_bwd_sm90(bucket) ? bucket : bucket == 160 ? 192 : bucket == 224 ? 256 : 0;
+}
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 
