@@ -1,6 +1,7 @@
 # Points of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times them (rounds, order
 # rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs, DETERMINISTIC=1 our deterministic
-# backward; PASS=bwd or fwd_bwd times that pass.
+# backward, SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a build without the SM80 forward
+# can still run it); PASS=bwd or fwd_bwd times that pass.
 # A case may name its own pass and a GQA shape (heads, kv heads, batch) instead of the grid's:
 #   python benchmarks/dev/time_fwd.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,PASS[,H,H_KV,BATCH]] [...]
 import os
@@ -9,7 +10,8 @@ import sys
 import torch
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HIDDEN, TOKENS, flops, make_fn, pass_fn, time_interleaved, warm_up_gpu
+from flash_attn2.benchmark import (HIDDEN, TOKENS, flops, forward_backend, make_fn, pass_fn, time_interleaved,
+                                  warm_up_gpu)
 
 warm_up_gpu(2)
 impls = ["flash_attn2"] + (["sdpa_cudnn"] if os.environ.get("CUDNN") else [])
@@ -26,6 +28,13 @@ for case in sys.argv[1:]:
     if os.environ.get("DETERMINISTIC"):
         runs["deterministic"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), deterministic=True),
                                         pass_, (q, k, v), dout)
+    if os.environ.get("SM80_BWD") and pass_ == "bwd":
+        out = flash_attn_func(q, k, v, causal=bool(causal))
+
+        def sm80_bwd():
+            with forward_backend("sm80"):
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        runs["sm80_bwd"] = sm80_bwd
     times = time_interleaved(runs, reps=20)
     for impl, ms in times.items():
         tflops = flops(b, h, s, d, bool(causal), pass_) / ms / 1e9
