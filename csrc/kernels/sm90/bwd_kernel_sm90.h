@@ -2,8 +2,8 @@
 //
 // One block per (key block, batch, kv head). Warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
-// LSE) and dO[m] into their rings; its second warp adds each step's staged dQ shares to the fp32
-// accumulator (TMA reduce-add). The further warpgroups consume the ring: at head dim
+// LSE) and dO[m] into their rings; its next warps, one per consumer warpgroup, add that warpgroup's staged
+// dQ shares to the fp32 accumulator (TMA reduce-add). The further warpgroups consume the ring: at head dim
 // <= 128 each owns 64 of the keys (bwd_mainloop_sm90.h), above it each owns a slice of the head dim
 // (bwd_mainloop_wide_sm90.h). dQ leaves through dq_accum, scaled and converted by a second kernel. dK
 // and dV of the group's heads sum in registers; with few key blocks (GQA, MQA: bwd_head_splits) a
@@ -94,38 +94,33 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
   }
 }
 
-// Producer warp 1: each step's dQ shares (kDQParts per consumer warpgroup), added to dq_accum by TMA
-// reduce-add once the warpgroups staged them.
-template <class Traits>
+// Producer warp 1 + w: consumer warpgroup w's dQ shares (kDQParts per step), added to dq_accum by TMA
+// reduce-add once staged. One writer per warpgroup, so that no warpgroup waits for another's share to
+// get its staging buffer back (the warpgroups run out of phase: TUNING 36).
+template <class Traits, int w>
 __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                              const BwdWork<Traits>& work) {
   using namespace cute;
-  constexpr int kHeadDim = Traits::kHeadDim, kGroups = Traits::kConsumerWarpgroups, kParts = Traits::kDQParts;
+  constexpr int kHeadDim = Traits::kHeadDim, kParts = Traits::kDQParts;
   const BwdParams& p = args.params;
   Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1));  // (rows, D, heads, 1)
+  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{});    // (M, part)
   const int first_row = int(work.seq.offset_q(p.seqlen_q, 1, work.bidb));
   const bool issuer = cute::elect_one_sync();  // one lane: a bulk async-group belongs to its thread
   for (int step = 0; step < work.steps; ++step) {
     const int head = work.head(step), m_block = work.m_block(step);
     for (int part = 0; part < kParts; ++part) {
-      CUTE_UNROLL
-      for (int w = 0; w < kGroups; ++w) {
-        Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{});  // (M, part)
-        Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
-                                typename Traits::TiledQ{}, make_coord(m_block, w * kParts + part));  // (M, part)
-        auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
-        named_barrier_sync(kdQThreads, int(BwdBarrier::kdQFull0) + w);
-        if (issuer) {
-          copy(args.tma_dq, get<1>(tdQ), get<0>(tdQ));
-          tma_store_arrive();
-        }
+      Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
+                              typename Traits::TiledQ{}, make_coord(m_block, w * kParts + part));  // (M, part)
+      auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+      named_barrier_sync(kdQThreads, int(BwdBarrier::kdQFull0) + w);
+      if (issuer) {
+        copy(args.tma_dq, get<1>(tdQ), get<0>(tdQ));
+        tma_store_arrive();
+        tma_store_wait<0>();  // the share is read: the warpgroup may refill it
       }
-      if (issuer) tma_store_wait<0>();  // the shares are read: the warpgroups may refill them
       __syncwarp();
-      if (step + 1 < work.steps || part + 1 < kParts) {
-        CUTE_UNROLL
-        for (int w = 0; w < kGroups; ++w) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
-      }
+      if (step + 1 < work.steps || part + 1 < kParts) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
     }
   }
 }
@@ -137,6 +132,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
   constexpr int kStages = Traits::kStages, kGroups = Traits::kConsumerWarpgroups;
+  static_assert(kGroups <= 3, "the producer warpgroup has a loader warp and one dQ writer warp per consumer warpgroup");
   extern __shared__ __align__(1024) char smem_buf[];
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = args.params;
@@ -177,7 +173,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32;
     if (warp == 0) bwd_load(args, smem, work);
-    if (warp == 1) bwd_write_dq(args, smem, work);
+    cute::for_each(cute::make_int_sequence<kGroups>{}, [&](auto w) {
+      if (warp == 1 + w) bwd_write_dq<Traits, decltype(w)::value>(args, smem, work);
+    });
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

@@ -7,7 +7,7 @@
 // and dP^T = V dO^T, so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
 // memory, and each warpgroup computes half of dQ's head-dim columns, which it stages in shared memory for
-// the producer's second warp to add to the fp32 accumulator with a TMA reduce-add.
+// its writer warp in the producer warpgroup to add to the fp32 accumulator with a TMA reduce-add.
 // Head dim > 128 (BwdTraitsSm90Wide): see its comment below.
 #pragma once
 

@@ -19,7 +19,7 @@
 namespace flash_attn2::sm90 {
 
 // Named barrier ids (the 8 above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer
-// warpgroup w (up to 3) with the dQ writer warp. The wide shape's kdSWritten and kPdSFree share ids with
+// warpgroup w (up to 3) with its dQ writer warp. The wide shape's kdSWritten and kPdSFree share ids with
 // the other shape's kStagger and kTail, as the two shapes never meet in one kernel.
 enum class BwdBarrier : int { kdSWritten = 0, kStagger = 0, kTail = 1, kPdSFree = 1, kdQFull0 = 2, kdQEmpty0 = 5 };
 constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
