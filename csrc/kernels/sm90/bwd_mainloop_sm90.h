@@ -200,8 +200,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     finish_dq(steps - 1, acc_dq);
   }
 
-  // dK and dV leave from registers, two elements at a time, keys past the sequence clipped: with head
-  // splits this block's fp32 share (scaled and converted afterwards), else dK = scale dS^T Q and dV.
+  // With head splits dK and dV leave from registers as this block's fp32 share (scaled and converted
+  // afterwards), two elements at a time, keys past the sequence clipped.
   Tensor dK = rowcol_view(acc_dk);  // (keys, D)
   Tensor dV = rowcol_view(acc_dv);  // (keys, D)
   Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
@@ -224,17 +224,24 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     });
     return;
   }
-  Element* dk = work.template dkv_out<Element>(p, 0);
-  Element* dv = work.template dkv_out<Element>(p, 1);
-  for_each_pair([&](int key, int col, int r, int c) {
-    if (col >= p.head_dim) return;
-    using Pair = cutlass::Array<Element, 2>;
-    Pair k2, v2;
-    k2[0] = Element(dK(r, c) * p.softmax_scale), k2[1] = Element(dK(r, c + 1) * p.softmax_scale);
-    v2[0] = Element(dV(r, c)), v2[1] = Element(dV(r, c + 1));
-    *reinterpret_cast<Pair*>(dk + int64_t(key) * p.dk_row_stride + col) = k2;
-    *reinterpret_cast<Pair*>(dv + int64_t(key) * p.dv_row_stride + col) = v2;
-  });
+  // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row
+  // stores: each warpgroup stages its keys in its own rows of K and V, once every warpgroup's last
+  // dQ = dS K (which reads all of K) is done.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+  Tensor rdK = convert_fragment<Element>(acc_dk);
+  Tensor rdV = convert_fragment<Element>(acc_dv);
+  auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_dkv);
+  auto smem_thr_kv = smem_copy_kv.get_thread_slice(thread);
+  named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
+  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdK), smem_thr_kv.partition_D(sKw));
+  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdV), smem_thr_kv.partition_D(sVw));
+  named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
+  const int rows = seq.len_k - key0;
+  store_rows(sKw, work.template dkv_out<Element>(p, 0) + int64_t(key0) * p.dk_row_stride, p.dk_row_stride, rows,
+             p.head_dim, thread, 128);
+  store_rows(sVw, work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride, rows,
+             p.head_dim, thread, 128);
 }
 
 }  // namespace flash_attn2::sm90
