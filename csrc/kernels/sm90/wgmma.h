@@ -92,7 +92,7 @@ __device__ void store_rows(const Tensor& t, Element* out, int64_t row_stride, in
   }
 }
 
-// A copy op for CuTe's copy(): st.shared of one T (16, 32 or 64 bits). CuTe's swizzled shared-memory pointers
+// A copy op for CuTe's copy(): st.shared of one T (32 or 64 bits). CuTe's swizzled shared-memory pointers
 // round-trip through integers, which loses the address space: plain copies compiled to scalar generic
 // stores (ST.E with 64-bit addresses, benchmarks/TUNING.md step 27).
 template <class T>
@@ -100,11 +100,9 @@ struct SharedStore {
   using SRegisters = T[1];
   using DRegisters = T[1];
   CUTE_DEVICE static void copy(T const& src, T& dst) {
-    static_assert(sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8);
     const uint32_t addr = cute::cast_smem_ptr_to_uint(&dst);
-    if constexpr (sizeof(T) == 2) {
-      asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(src) : "memory");
-    } else if constexpr (sizeof(T) == 4) {
+    if constexpr (sizeof(T) == 4) {
       asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(src) : "memory");
     } else {
       asm volatile("st.shared.b64 [%0], %1;" ::"r"(addr), "l"(src) : "memory");
