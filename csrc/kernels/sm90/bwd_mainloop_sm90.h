@@ -200,28 +200,25 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     finish_dq(steps - 1, acc_dq);
   }
 
-  // With head splits dK and dV leave from registers as this block's fp32 share (scaled and converted
-  // afterwards), two elements at a time, keys past the sequence clipped.
-  Tensor dK = rowcol_view(acc_dk);  // (keys, D)
-  Tensor dV = rowcol_view(acc_dv);  // (keys, D)
-  Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
-  auto for_each_pair = [&](auto&& f) {  // f(key, column, r, c) for the pairs (r, c), (r, c + 1)
+  if (args.head_splits > 1) {
+    // dK and dV leave from registers as this block's fp32 share (scaled and converted afterwards), two
+    // elements at a time, keys past the sequence clipped.
+    Tensor dK = rowcol_view(acc_dk);  // (keys, D)
+    Tensor dV = rowcol_view(acc_dv);  // (keys, D)
+    Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
+    float* dk_acc = work.dkv_accum(p, 0);
+    float* dv_acc = work.dkv_accum(p, 1);
     CUTE_UNROLL
     for (int r = 0; r < size<0>(dK); ++r) {
       const int key = key0 + get<0>(tdKcdK(r, 0));
       if (key >= seq.len_k) continue;
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(dK); c += 2) f(key, get<1>(tdKcdK(r, c)), r, c);
+      for (int c = 0; c < size<1>(dK); c += 2) {
+        const int64_t at = int64_t(key) * kHeadDim + get<1>(tdKcdK(r, c));
+        red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
+        red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
+      }
     }
-  };
-  if (args.head_splits > 1) {
-    float* dk_acc = work.dkv_accum(p, 0);
-    float* dv_acc = work.dkv_accum(p, 1);
-    for_each_pair([&](int key, int col, int r, int c) {
-      const int64_t at = int64_t(key) * kHeadDim + col;
-      red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
-      red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
-    });
     return;
   }
   // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row
