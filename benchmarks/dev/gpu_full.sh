@@ -3,7 +3,8 @@
 # forward and backward calls; then the FA2 grid forward (flash_attn2, sdpa_cudnn) and the model shapes (with sdpa_flash
 # and torch varlen_attn); logs under $OUT. STAGE=test stops after the tests; STAGE=bench skips the build
 # and tests and installs a flash_attn2 wheel carried in .whl/ (one call's ten minutes may not fit both);
-# STAGE=bench_bwd does the same for the backward and fwd_bwd grid rows (HDIMS) and the HF training step;
+# STAGE=bench_bwd does the same for the backward and fwd_bwd grid rows (HDIMS) and the HF training step (MODELS=1:
+# the model suite's bwd / fwd_bwd rows too), its CSVs and plots packed in $OUT/results.tgz;
 # STAGE=retest installs the carried wheel and runs TESTS (pytest node ids or -k ...) with the sanitizers, for
 # the rest of a suite that did not fit one call (PYTEST_S, default 330, bounds pytest).
 set -uo pipefail
@@ -42,6 +43,12 @@ if [ "$STAGE" = bench_bwd ]; then  # the backward rows (#10), one process (and C
       --passes bwd fwd_bwd --hdims $d --reps 10 --warmup-s 2 --out-dir $OUT/d$d > $OUT/bench_bwd_d$d.log 2>&1; tail -3 $OUT/bench_bwd_d$d.log
   done
   timeout 150 python3 -m flash_attn2.benchmark_hf --out-dir $OUT 2>&1 | tail -4
+  if [ -n "${MODELS:-}" ]; then  # the model suite's backward rows too (about 150 s)
+    timeout 250 python3 -m flash_attn2.benchmark_models --impls flash_attn2 sdpa_cudnn sdpa_flash --passes bwd fwd_bwd \
+      --reps 10 --out-dir $OUT/models > $OUT/models.log 2>&1; tail -4 $OUT/models.log
+  fi
+  # At most 8 files come back from $OUT: the CSVs and plots travel as one archive.
+  (cd $OUT && tar czf results.tgz $(ls -d d[0-9]* models *.csv 2>/dev/null) && rm -rf d[0-9]* models *.csv)
   exit 0
 fi
 timeout 260 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn --passes fwd --out-dir $OUT 2>&1 > $OUT/bench.log; tail -4 $OUT/bench.log
