@@ -3,6 +3,8 @@
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
 //   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it); with
 //   64-row steps one step later, so that the two warpgroups need not meet every step (Traits::kDeferDQ).
+// After the last step dK and dV go through the warpgroup's own rows of K and V in shared memory, for
+// coalesced row stores.
 #pragma once
 
 #include "sm90/bwd_work_sm90.h"
