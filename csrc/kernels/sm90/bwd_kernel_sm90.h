@@ -111,7 +111,7 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
     const int head = work.head(step), m_block = work.m_block(step);
     for (int part = 0; part < kParts; ++part) {
       Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
-                              typename Traits::TiledQ{}, make_coord(m_block, w * kParts + part));  // (M, part)
+                              typename Traits::TiledQ{}, Traits::dq_tile(m_block, w, part));  // (rows, columns)
       auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
       named_barrier_sync(kdQThreads, int(BwdBarrier::kdQFull0) + w);
       if (issuer) {

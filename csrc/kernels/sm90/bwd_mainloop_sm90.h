@@ -32,9 +32,11 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D): own keys
   Tensor sVw = local_tile(make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
                           typename Traits::TileKVWarpgroup{}, make_coord(wg, _0{}));  // (64, D)
+  constexpr bool kDQByRows = Traits::kDQByRows;
   Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
-                          Shape<Int<Traits::kHalfD>, Int<kBlockN>>{}, make_coord(wg, _0{}));  // (D / 2, N): own dQ columns
-  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[wg].data()), typename Traits::SmemLayoutdQ{});  // (M, D / 2)
+                          Shape<Int<Traits::kDQCols>, Int<kBlockN>>{},
+                          make_coord(kDQByRows ? 0 : wg, _0{}));  // (columns, N): own dQ columns
+  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[wg].data()), typename Traits::SmemLayoutdQ{});  // (rows, columns)
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
@@ -73,7 +75,9 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     } else {
       named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kdSWritten));
     }
-    Tensor sdS = make_tensor(make_smem_ptr(smem.ds[b].data()), typename Traits::SmemLayoutdS{});  // (M, N)
+    Tensor sdS = local_tile(make_tensor(make_smem_ptr(smem.ds[b].data()), typename Traits::SmemLayoutdS{}),
+                            Shape<Int<Traits::kDQRows>, Int<kBlockN>>{},
+                            make_coord(kDQByRows ? wg : 0, _0{}));  // (rows, N): own dQ rows
     Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA, MMA_M, MMA_N)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_dq, tdQrdS, tdQrK, acc_dq);
   };

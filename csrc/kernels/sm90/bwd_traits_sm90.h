@@ -6,8 +6,9 @@
 // else 64) past them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T
 // and dP^T = V dO^T, so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
-// memory, and each warpgroup computes half of dQ's head-dim columns, which it stages in shared memory for
-// its writer warp in the producer warpgroup to add to the fp32 accumulator with a TMA reduce-add.
+// memory, and each warpgroup computes its share of dQ (half the rows with 128-row steps, else half the
+// columns), which it stages in shared memory for its writer warp in the producer warpgroup to add to the
+// fp32 accumulator with a TMA reduce-add.
 // Head dim > 128 (BwdTraitsSm90Wide): see its comment below.
 #pragma once
 
@@ -94,9 +95,15 @@ struct BwdLoadTraitsSm90 {
 };
 
 // Head dim <= 128: keys split over the consumer warpgroups (see the top of this file).
+// dQ = dS K splits over the warpgroups by query rows where steps have 128 (each 64 rows x every column: a
+// wgmma as wide as D, FA3's split), else by columns (each every row x D / 2).
+template <int kHeadDim, int kBlockM>
+constexpr int bwd_dq_cols_sm90() { return kBlockM == 128 ? kHeadDim : kHeadDim / 2; }
+
 template <int kHeadDim_, typename Element_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64)>
-struct BwdTraitsSm90 : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, kHeadDim_ / 2> {
-  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, kHeadDim_ / 2>;
+struct BwdTraitsSm90
+    : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, bwd_dq_cols_sm90<kHeadDim_, kBlockM_>()> {
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, bwd_dq_cols_sm90<kHeadDim_, kBlockM_>()>;
   using Element = Element_;
   static constexpr bool kWide = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBwdBlockNSm90;
@@ -106,8 +113,9 @@ struct BwdTraitsSm90 : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBloc
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
   static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
-  static constexpr int kHalfD = kHeadDim / 2;  // dQ columns per warpgroup
-  static constexpr int kDQParts = 1;           // dQ stagings per warpgroup and step
+  static constexpr bool kDQByRows = kBlockM == 128;
+  static constexpr int kDQRows = kDQByRows ? 64 : kBlockM, kDQCols = Base::kDQCols;  // one warpgroup's share of dQ
+  static constexpr int kDQParts = 1;  // dQ stagings per warpgroup and step
   // With 64-row steps a step's dQ runs in the next step (kDeferDQ), its dS^T handed between the warpgroups
   // by mbarriers over 3 buffers, so that the two warpgroups can run half a step apart (TUNING 35). The
   // 128-row steps at d <= 64 have no room for a third buffer: their dQ runs in its own step, both
@@ -117,7 +125,11 @@ struct BwdTraitsSm90 : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBloc
 
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
   using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
-  using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfD>>;  // one warpgroup's dQ columns
+  using TiledQ = cute::Shape<cute::Int<kDQRows>, cute::Int<kDQCols>>;  // one warpgroup's share of dQ
+  // Where warpgroup w's share of a step's dQ lies, in TiledQ tiles of the (rows, D) accumulator.
+  __device__ static auto dq_tile(int m_block, int w, int /*part*/) {
+    return kDQByRows ? cute::make_coord(m_block * 2 + w, 0) : cute::make_coord(m_block, w);
+  }
 
   // One warpgroup each (warpgroups run their own GEMMs on their own keys).
   // S^T, dP^T = (64 keys, M) += (64, D) (M, D)^T: both K-major in shared memory.
@@ -127,12 +139,13 @@ struct BwdTraitsSm90 : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBloc
   using TiledMmadKV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
-  // dQ half = (M, D / 2) += dS (M, 128 keys) K (128 keys, D / 2): dS read MN-major from dS^T, K MN-major.
+  // dQ share = (rows, columns) += dS (rows, 128 keys) K (128 keys, columns): dS read MN-major from dS^T, K
+  // MN-major.
   using TiledMmadQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHalfD>, cute::Int<kBlockN>>,
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kDQRows>, cute::Int<kDQCols>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::MN, cute::GMMA::Major::MN>()));
   static_assert(cute::tile_size<1>(TiledMmaSdP{}) == kBlockM && cute::tile_size<1>(TiledMmadKV{}) == kHeadDim &&
-                cute::tile_size<1>(TiledMmadQ{}) == kHalfD, "each product must be one wgmma wide");
+                cute::tile_size<1>(TiledMmadQ{}) == kDQCols, "each product must be one wgmma wide");
 
   // dS as dQ's A operand (M, 128 keys), M-major; the warpgroups write it through the (keys, M) view.
   using SmemLayoutdS = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
@@ -142,7 +155,7 @@ struct BwdTraitsSm90 : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBloc
                                                 cute::Step<cute::_2, cute::_1>{})));
 
   // One warpgroup's fp32 dQ share: the 128-byte swizzle makes the accumulator's pair stores conflict-free.
-  using SmemAtomdQ = std::conditional_t<kHalfD % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
+  using SmemAtomdQ = std::conditional_t<kDQCols % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
                                         cute::GMMA::Layout_K_SW64_Atom<float>>;  // 16 columns at d 32
   using SmemLayoutdQ = decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}));
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
@@ -187,6 +200,7 @@ struct BwdTraitsSm90Wide
   // warpgroup: the room left) for the producer's writer warp to add to dq_accum (TMA reduce-add).
   static constexpr int kDQPart = 32, kDQParts = kDRows / kDQPart;
   using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>>;  // one part of its dQ columns
+  __device__ static auto dq_tile(int m_block, int w, int part) { return cute::make_coord(m_block, w * kDQParts + part); }
 
   // S, dP = (M, 32 keys) += Q / dO (M, D) K / V (32, D)^T: both K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
