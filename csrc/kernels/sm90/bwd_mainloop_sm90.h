@@ -58,7 +58,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   constexpr int kCols = decltype(size<1>(tScS))::value;
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
   const int diag = seq.len_k - seq.len_q;
-  auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_sdp);
+  auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
   auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
   auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
@@ -234,7 +234,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
   Tensor rdV = convert_fragment<Element>(acc_dv);
-  auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_dkv);
+  auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto smem_thr_kv = smem_copy_kv.get_thread_slice(thread);
   named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
   cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdK), smem_thr_kv.partition_D(sKw));

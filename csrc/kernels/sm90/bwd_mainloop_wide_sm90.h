@@ -68,7 +68,9 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
   const int diag = seq.len_k - seq.len_q;
-  auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<SharedStore<uint32_t>, Element>{}, mma_sdp);
+  // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
+  using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
+  auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
   auto smem_thr_pds = smem_copy_pds.get_thread_slice(thread);
   Tensor tPsP = smem_thr_pds.partition_D(local_tile(sP, typename Traits::TileS{}, make_coord(_0{}, wg)));
   Tensor tdSsdS = smem_thr_pds.partition_D(local_tile(sdS, typename Traits::TileS{}, make_coord(_0{}, wg)));
