@@ -186,7 +186,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
 
   // dK and dV from registers: element (d, key) of dK^T / dV^T is dK / dV (key, d); keys past the sequence
   // and columns past head_dim clipped. With head splits this block's fp32 share (scaled and converted
-  // afterwards), else dK = scale dS^T Q and dV.
+  // afterwards), added element by element.
   Tensor dKt = rowcol_view(acc_dkt);  // (D_w, keys)
   Tensor dVt = rowcol_view(acc_dvt);  // (D_w, keys)
   Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TiledKVt{})));  // (D_w, keys) -> coords
@@ -210,12 +210,32 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     });
     return;
   }
-  Element* dk = work.template dkv_out<Element>(p, 0);
-  Element* dv = work.template dkv_out<Element>(p, 1);
-  for_each([&](int key, int col, int r, int c) {
-    dk[int64_t(key) * p.dk_row_stride + col] = Element(dKt(r, c) * p.softmax_scale);
-    dv[int64_t(key) * p.dv_row_stride + col] = Element(dVt(r, c));
-  });
+  // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row
+  // stores: each warpgroup writes its head-dim columns of every key into K and V with transposing
+  // stmatrix (its accumulators hold dK^T and dV^T), once every warpgroup's GEMMs are done with them.
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_dkt); ++i) acc_dkt(i) *= p.softmax_scale;
+  Tensor rdKt = convert_fragment<Element>(acc_dkt);
+  Tensor rdVt = convert_fragment<Element>(acc_dvt);
+  auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
+  auto smem_thr_kv = smem_copy_kv.get_thread_slice(thread);
+  auto own_columns = [&](Element* base, auto layout) {  // (D_w, N): this warpgroup's columns of K or V, transposed
+    auto transposed = composition(layout, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
+    return local_tile(make_tensor(make_smem_ptr(base), transposed), typename Traits::TiledKVt{}, make_coord(wg, _0{}));
+  };
+  named_barrier_sync(kThreads, int(BwdBarrier::kEpilogue));
+  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdKt),
+             smem_thr_kv.partition_D(own_columns(smem.k.data(), typename Traits::SmemLayoutK{})));
+  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdVt),
+             smem_thr_kv.partition_D(own_columns(smem.v.data(), typename Traits::SmemLayoutV{})));
+  named_barrier_sync(kThreads, int(BwdBarrier::kEpilogue));
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});  // (N, D)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});  // (N, D)
+  const int first_key = n_block * kBlockN, rows = seq.len_k - first_key;
+  store_rows(sK, work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride, rows,
+             p.head_dim, wg * 128 + thread, kThreads);
+  store_rows(sV, work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride, rows,
+             p.head_dim, wg * 128 + thread, kThreads);
 }
 
 }  // namespace flash_attn2::sm90

@@ -20,8 +20,8 @@ namespace flash_attn2::sm90 {
 
 // Named barrier ids (the 8 above CUTLASS's reserved ones). kdQFull0 + w / kdQEmpty0 + w pair consumer
 // warpgroup w (up to 3) with its dQ writer warp. The wide shape's kdSWritten and kPdSFree share ids with
-// the other shape's kStagger and kTail, as the two shapes never meet in one kernel; the narrow shape's
-// kEpilogue (every consumer thread, after the last step) reuses kTail's.
+// the other shape's kStagger and kTail, as the two shapes never meet in one kernel; kEpilogue (every
+// consumer thread, after the last step) reuses kTail's.
 enum class BwdBarrier : int {
   kdSWritten = 0, kStagger = 0, kTail = 1, kPdSFree = 1, kEpilogue = 1, kdQFull0 = 2, kdQEmpty0 = 5
 };
