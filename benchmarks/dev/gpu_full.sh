@@ -6,7 +6,8 @@
 # STAGE=bench_bwd does the same for the backward and fwd_bwd grid rows (HDIMS) and the HF training step (MODELS=1:
 # the model suite's bwd / fwd_bwd rows too), its CSVs and plots packed in $OUT/results.tgz;
 # STAGE=retest installs the carried wheel and runs TESTS (pytest node ids or -k ...) with the sanitizers, for
-# the rest of a suite that did not fit one call (PYTEST_S, default 330, bounds pytest).
+# the rest of a suite that did not fit one call (PYTEST_S, default 330, bounds pytest). AB_WHEELS="wheel ..." with
+# CASES: STAGE=test times the new wheel against those (ab_wheels.sh) between the build and the tests.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -26,6 +27,9 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   grep "spill stores" $OUT/build.log | grep -v " 0 bytes spill" | grep fwd_kernel_sm90 | tee -a $OUT/summary.txt
   [ $rc -eq 0 ] || { tail -30 $OUT/build.log; exit 1; }
   python3 -m pip install -q --no-deps $OUT/wheel/flash_attn2-*.whl
+  if [ -n "${AB_WHEELS:-}" ]; then  # the new wheel timed against carried ones (last letter) before the tests
+    WHEELS="$AB_WHEELS $(ls $OUT/wheel/flash_attn2-*.whl)" timeout ${AB_S:-200} bash benchmarks/dev/ab_wheels.sh 2>&1 | tee $OUT/ab.log
+  fi
   timeout ${PYTEST_S:-330} python3 -m pytest tests -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
   for script in sanitize_fwd sanitize_bwd; do for tool in memcheck racecheck; do
