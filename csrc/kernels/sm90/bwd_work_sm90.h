@@ -46,11 +46,14 @@ __host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int 
   return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
 }
 
-// One block's work: a key block of one kv head, and its steps (query head of the block's share of the
-// group, query block that sees these keys), taken in the same order by every role.
+// One block's work: a key block of one kv head, and its steps (query block that sees these keys, query
+// head of the block's share of the group), taken in the same order by every role. Heads inner: the blocks
+// of a kv head then walk its query blocks together, last first, as without GQA, so that what they read
+// (Q, dO) and reduce into (dQ) is one query block's rows of the group at a time, a set that stays in L2;
+// heads outer let them drift apart over group x seqlen rows, which do not fit.
 template <class Traits>
 struct BwdWork {
-  int bidb, bidh_k, h0, n_block, m_count, steps;
+  int bidb, bidh_k, h0, heads, n_block, steps;
   SeqlenInfo seq;
   BwdBlockRange blocks;
   bool varlen;
@@ -60,18 +63,17 @@ struct BwdWork {
   __device__ BwdWork(const BwdParams& p, const QueryTile& tile, int head_splits)
       : bidb(tile.bidb), bidh_k(tile.bidh), seq(p, tile.bidb), varlen(p.cu_seqlens_q != nullptr) {
     constexpr int kBlockN = Traits::kBlockN;
-    const int group = p.num_heads / p.num_heads_k / head_splits;  // query heads of this block
-    h0 = bidh_k * group * head_splits + int(blockIdx.x) % head_splits * group;
+    heads = p.num_heads / p.num_heads_k / head_splits;  // query heads of this block
+    h0 = bidh_k * heads * head_splits + int(blockIdx.x) % head_splits * heads;
     // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
     // first block is seen by the most query rows, so the order is reversed: longest work first.
     n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.m_block;
     blocks = bwd_block_range<Traits::kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
-    m_count = max(0, blocks.m_max - blocks.m_min);
-    steps = group * m_count;
+    steps = heads * max(0, blocks.m_max - blocks.m_min);
     batch_index = varlen ? 0 : bidb;
   }
-  __device__ int head(int step) const { return h0 + step / m_count; }
-  __device__ int m_block(int step) const { return blocks.m_max - 1 - step % m_count; }
+  __device__ int head(int step) const { return h0 + step % heads; }
+  __device__ int m_block(int step) const { return blocks.m_max - 1 - step / heads; }
   // The step's first row in the (heads, total_q) layout of D and LSE.
   __device__ int64_t rows(const BwdParams& p, int step) const {
     return int64_t(head(step)) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + m_block(step) * Traits::kBlockM;
