@@ -1,8 +1,9 @@
 // The backward's preprocess, D = rowsum(dO o O) in fp32 and LSE in log2 next to it (in one (heads, total_q)
 // layout for every batch mode), which also zero-fills the dQ accumulator and, for varlen, the gradient rows
-// outside every sequence (one launch instead of separate memsets); and, after a backward with head splits,
-// dK and dV from their fp32 accumulators. Memory-bound plain CUDA with the head dim a runtime value, so one
-// small file serves every head dim and both dtypes.
+// outside every sequence (one launch instead of separate memsets); and after the main kernels, the
+// conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a backward with head splits.
+// Memory-bound plain CUDA with the head dim a runtime value, so one small file serves every head dim and
+// both dtypes.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -83,8 +84,34 @@ int64_t grid_for(int64_t threads) { return (threads + kThreads - 1) / kThreads; 
 __device__ inline void from_float(float x, __half* y) { *y = __float2half_rn(x); }
 __device__ inline void from_float(float x, __nv_bfloat16* y) { *y = __float2bfloat16_rn(x); }
 
-// With head splits: dK = softmax_scale * accumulator and dV = accumulator, 8 elements (16 bytes out) per
-// thread and step, for every key row (rows outside every sequence get the zeros their accumulators hold).
+// dst[0..8) = scale * src[0..8) in T: two 16-byte loads, one 16-byte store.
+template <typename T>
+__device__ inline void convert8(const float* src, float scale, T* dst) {
+  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+  const float v[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  alignas(16) T out[kVec];
+  for (int j = 0; j < kVec; ++j) from_float(v[j] * scale, &out[j]);
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+}
+
+// Hopper: dQ = softmax_scale * accumulator (bwd_dq_accum_offset_sm90), 8 elements per thread and step.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) convert_dq_sm90_kernel(const __grid_constant__ BwdParams p, int bucket) {
+  const int vecs_per_row = bucket / kVec;
+  const int64_t vecs = int64_t(p.num_heads) * p.total_q * vecs_per_row;
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * kThreads) {
+    const int col = int(i % vecs_per_row) * kVec;
+    const int64_t packed_row = i / vecs_per_row % p.total_q;
+    const int head = int(i / vecs_per_row / p.total_q);
+    if (col >= p.head_dim) continue;
+    const int64_t at = query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+    convert8(p.dq_accum + bwd_dq_accum_offset_sm90(p, bucket, head, packed_row) + col, p.softmax_scale,
+             static_cast<T*>(p.dq) + at + col);
+  }
+}
+
+// With head splits: dK = softmax_scale * accumulator and dV = accumulator, 8 elements per thread and step,
+// for every key row (rows outside every sequence get the zeros their accumulators hold).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) convert_dkv_kernel(const __grid_constant__ BwdParams p, int bucket) {
   const int vecs_per_row = bucket / kVec;
@@ -95,16 +122,21 @@ __global__ void __launch_bounds__(kThreads) convert_dkv_kernel(const __grid_cons
     const int head_k = int(i / vecs_per_row / p.total_k % p.num_heads_k);
     const int kv = int(i / vecs_per_row / p.total_k / p.num_heads_k);  // 0: dK, 1: dV
     if (col >= p.head_dim) continue;
-    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + bwd_dkv_accum_offset(p, bucket, kv, head_k, packed_row) + col);
-    const float4 a = src[0], b = src[1];
-    const float scale = kv == 0 ? p.softmax_scale : 1.f;
-    const float v[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    alignas(16) T out[kVec];
-    for (int j = 0; j < kVec; ++j) from_float(v[j] * scale, &out[j]);
     const int64_t at = kv == 0 ? key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
                                : key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    *reinterpret_cast<uint4*>(static_cast<T*>(kv == 0 ? p.dk : p.dv) + at + col) = *reinterpret_cast<const uint4*>(out);
+    convert8(p.dq_accum + bwd_dkv_accum_offset(p, bucket, kv, head_k, packed_row) + col,
+             kv == 0 ? p.softmax_scale : 1.f, static_cast<T*>(kv == 0 ? p.dk : p.dv) + at + col);
   }
+}
+
+// A grid-stride conversion of `vecs` 8-element vectors (at most 65536 blocks), in the input dtype.
+using ConvertKernel = void (*)(BwdParams, int);
+cudaError_t launch_convert(ConvertKernel half, ConvertKernel bf16, int64_t vecs, const BwdParams& p, int bucket,
+                           cudaStream_t stream) {
+  if (vecs == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>(grid_for(vecs), 65536);
+  (p.dtype == DType::kFloat16 ? half : bf16)<<<unsigned(blocks), kThreads, 0, stream>>>(p, bucket);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -118,13 +150,14 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+cudaError_t launch_bwd_convert_dq_sm90(const BwdParams& p, int bucket, cudaStream_t stream) {
+  return launch_convert(&convert_dq_sm90_kernel<__half>, &convert_dq_sm90_kernel<__nv_bfloat16>,
+                        int64_t(p.num_heads) * p.total_q * (bucket / kVec), p, bucket, stream);
+}
+
 cudaError_t launch_bwd_convert_dkv(const BwdParams& p, int bucket, cudaStream_t stream) {
-  const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * (bucket / kVec);
-  if (vecs == 0) return cudaSuccess;
-  const int64_t blocks = std::min<int64_t>(grid_for(vecs), 65536);
-  auto kernel = p.dtype == DType::kFloat16 ? &convert_dkv_kernel<__half> : &convert_dkv_kernel<__nv_bfloat16>;
-  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, bucket);
-  return cudaGetLastError();
+  return launch_convert(&convert_dkv_kernel<__half>, &convert_dkv_kernel<__nv_bfloat16>,
+                        2 * int64_t(p.num_heads_k) * p.total_k * (bucket / kVec), p, bucket, stream);
 }
 
 }  // namespace flash_attn2

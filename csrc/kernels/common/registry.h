@@ -72,6 +72,15 @@ __host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int 
   return dq + ((int64_t(kv) * p.num_heads_k + head_k) * p.total_k + packed_row) * bucket;
 }
 
+// The Hopper dQ accumulator: fp32, (heads, total_q rows, bucket) row-major, zeroed by the preprocess
+// (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
+__host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, int bucket, int head, int64_t packed_row) {
+  return (int64_t(head) * p.total_q + packed_row) * bucket;
+}
+
+// After the Hopper backward: dQ = softmax_scale * its accumulator, in the input dtype.
+cudaError_t launch_bwd_convert_dq_sm90(const BwdParams& params, int bucket, cudaStream_t stream);
+
 // dK = softmax_scale * accumulator and dV = accumulator in the input dtype, after a backward with head splits.
 cudaError_t launch_bwd_convert_dkv(const BwdParams& params, int bucket, cudaStream_t stream);
 

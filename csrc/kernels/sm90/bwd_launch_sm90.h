@@ -1,9 +1,8 @@
 // Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
-// fp32 accumulator (and, with head splits, dK and dV from theirs). The preprocess (D = rowsum(dO o O) and
-// LSE * log2(e) side by side, zeroed dq_accum) runs before, as for SM80.
+// fp32 accumulator (and, with head splits, dK and dV from theirs; bwd_aux.cu converts both). The
+// preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum) runs before, as for SM80.
 #pragma once
 
-#include <algorithm>
 #include <climits>
 
 #include "common/registry.h"
@@ -12,36 +11,6 @@
 #include "sm90/tma_encode.h"
 
 namespace flash_attn2 {
-
-// dst[0..8) = scale * src[0..8) in the input dtype: one 16-byte store from two 16-byte loads.
-template <typename Element>
-__device__ __forceinline__ void convert8(const float* src, float scale, Element* dst) {
-  const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-  cutlass::Array<Element, 8> out;
-  CUTE_UNROLL
-  for (int j = 0; j < 8; ++j) out[j] = Element(v[j] * scale);
-  *reinterpret_cast<cutlass::Array<Element, 8>*>(dst) = out;
-}
-
-// Grid-stride blocks of 256 threads for `vecs` 8-element conversions (at most 65536; 0 for none).
-inline int64_t convert_blocks(int64_t vecs) { return vecs > 0 ? std::min<int64_t>((vecs + 255) / 256, 65536) : 0; }
-
-// dQ = softmax_scale * accumulator, in the input dtype: 8 elements (16 bytes out) per thread and step.
-template <int kHeadDim, typename Element>
-__global__ void convert_dq_kernel_sm90(const __grid_constant__ BwdParams p) {
-  constexpr int kVecsPerRow = kHeadDim / 8;
-  const int64_t vecs = int64_t(p.num_heads) * p.total_q * kVecsPerRow;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * blockDim.x) {
-    const int col = int(i % kVecsPerRow) * 8;
-    const int64_t packed_row = i / kVecsPerRow % p.total_q;
-    const int head = int(i / kVecsPerRow / p.total_q);
-    if (col >= p.head_dim) continue;
-    const int64_t at = query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-    convert8(p.dq_accum + sm90::dq_accum_offset_sm90<kHeadDim>(p, head, packed_row) + col, p.softmax_scale,
-             static_cast<Element*>(p.dq) + at + col);
-  }
-}
 
 // A 1-D TMA over `elements` floats (D and LSE), read in boxes of kRowsBox (traits).
 template <class Traits>
@@ -90,14 +59,8 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
   if (cudaError_t err = cudaGetLastError()) return err;
 
-  if (const int64_t blocks = convert_blocks(int64_t(p.num_heads) * p.total_q * (kHeadDim / 8))) {
-    convert_dq_kernel_sm90<kHeadDim, typename Traits::Element><<<unsigned(blocks), 256, 0, stream>>>(p);
-  }
-  if (head_splits > 1) {
-    if (cudaError_t err = cudaGetLastError()) return err;
-    return launch_bwd_convert_dkv(p, kHeadDim, stream);
-  }
-  return cudaGetLastError();
+  if (cudaError_t err = launch_bwd_convert_dq_sm90(p, kHeadDim, stream)) return err;
+  return head_splits > 1 ? launch_bwd_convert_dkv(p, kHeadDim, stream) : cudaSuccess;
 }
 
 }  // namespace flash_attn2

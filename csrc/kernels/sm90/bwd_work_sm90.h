@@ -39,13 +39,6 @@ __device__ void stage_dq(const TiledCopy& copy_dq, const ThrCopy& thr_copy, cons
   named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
 }
 
-// The Hopper dQ accumulator: fp32, (heads, total_q rows, kHeadDim) row-major, zeroed by the preprocess
-// (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
-template <int kHeadDim>
-__host__ __device__ inline int64_t dq_accum_offset_sm90(const BwdParams& p, int head, int64_t packed_row) {
-  return (int64_t(head) * p.total_q + packed_row) * kHeadDim;
-}
-
 // One block's work: a key block of one kv head, and its steps (query block that sees these keys, query
 // head of the block's share of the group), taken in the same order by every role. Heads inner: the blocks
 // of a kv head then walk its query blocks together, last first, as without GQA, so that what they read
