@@ -130,12 +130,14 @@ def test_logits_match_sdpa(backend, padding, cache):
     assert {dtype for _, dtype, _ in backend.calls} == {torch.bfloat16}
 
 
-@pytest.mark.parametrize("rows", [[[37, 64, 23]], [[37, 64, 23], [50, 74]]], ids=["batch1", "batch2"])
+@pytest.mark.parametrize("rows, use_cache", [([[37, 64, 23]], False), ([[37, 64, 23]], True),
+                                             ([[37, 64, 23], [50, 74]], False)], ids=["batch1", "batch1_cache", "batch2"])
 @pytest.mark.parametrize("given_seqlens", [False, True], ids=["position_ids", "cu_seq_lens"])
-def test_packed_sequences_match_separate(backend, rows, given_seqlens):
+def test_packed_sequences_match_separate(backend, rows, use_cache, given_seqlens):
     """Sequences packed into rows, positions restarting at 0, no padding mask, give each sequence's own logits
     (run alone). With given_seqlens the model also gets cu_seq_lens_q/k and max_length_q/k, as
-    DataCollatorWithFlattening(return_flash_attn_kwargs=True) provides them."""
+    DataCollatorWithFlattening(return_flash_attn_kwargs=True) provides them. One row is looked at even when
+    the model holds a KV cache (use_cache=True), as transformers' flash path does."""
     model, ref, lowp = tiny_llama(backend)
     lengths = [n for row in rows for n in row]
     seqs = [torch.randint(backend.config["vocab_size"], (1, n), device=backend.device) for n in lengths]
@@ -145,12 +147,37 @@ def test_packed_sequences_match_separate(backend, rows, given_seqlens):
     kwargs = dict(cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max(lengths),
                   max_length_k=max(lengths)) if given_seqlens else {}
     with torch.no_grad():
-        packed = model(input_ids=ids, position_ids=position_ids, use_cache=False, **kwargs).logits.float()
+        packed = model(input_ids=ids, position_ids=position_ids, use_cache=use_cache, **kwargs).logits.float()
         separate_ref, separate_lowp = (torch.cat([m(input_ids=s, use_cache=False).logits.float() for s in seqs], dim=1)
                                        for m in (ref, lowp))
     check(packed.view(1, -1, packed.shape[-1]), separate_ref, separate_lowp, LOGITS_ATOL, "packed logits")
     # every layer: one varlen call with these bounds
     assert backend.calls == [("varlen", torch.bfloat16, cu_seqlens.tolist())] * backend.config["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("positions, use_cache", [("packed", False), ("packed", True), ("plain", False)],
+                         ids=["packed", "packed_cache", "plain"])
+def test_packing_looked_for_where_the_models_mask_looks(backend, monkeypatch, positions, use_cache):
+    """Finding packed rows reads position_ids back (a device sync). For a batch of several rows it runs only
+    where the model's own mask found packing (create_causal_mask looks when the model holds no KV cache), so
+    ours attends as sdpa does from the same inputs: per sequence, or, with a cache, across the row."""
+    model, ref, lowp = tiny_llama(backend)
+    looked = []
+    find = integration._find_packing
+    monkeypatch.setattr(integration, "_find_packing", lambda *args: looked.append(args[1:]) or find(*args))
+    L = backend.seq_len
+    ids = torch.randint(backend.config["vocab_size"], (2, L), device=backend.device)
+    position_ids = torch.arange(L, device=backend.device).repeat(2, 1)
+    if positions == "packed":  # two sequences per row
+        position_ids = torch.cat([torch.arange(L // 2), torch.arange(L - L // 2)]).to(backend.device).repeat(2, 1)
+    with torch.no_grad():
+        ours, ours_ref, ours_lowp = (m(input_ids=ids, position_ids=position_ids, use_cache=use_cache).logits.float()
+                                     for m in (model, ref, lowp))
+    check(ours, ours_ref, ours_lowp, LOGITS_ATOL, f"{positions} logits")
+    per_sequence = positions == "packed" and not use_cache
+    assert looked == ([(2, L)] if per_sequence else [])  # once per forward, and only when the mask found packing
+    kinds = {kind for kind, *_ in backend.calls}
+    assert kinds == {"varlen" if per_sequence else "dense"}
 
 
 def test_training_losses_match_sdpa(backend):

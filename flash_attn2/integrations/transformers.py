@@ -13,7 +13,11 @@ called any number of times. Developed against transformers 5.17, whose own flash
 - no padding mask, and `cu_seq_lens_q/k` + `max_length_q/k` given (e.g. DataCollatorWithFlattening):
   varlen over the flattened batch;
 - no padding mask, and position ids that restart inside a row (packed sequences): varlen, a sequence
-  starting wherever a position is not the previous one + 1 (the rule transformers' sdpa/eager masks use);
+  starting wherever a position is not the previous one + 1 (the rule transformers' sdpa/eager masks use).
+  Finding them reads position_ids back (a device sync), so it runs once per forward, and only where
+  transformers looks too: for a batch of one row (as its flash path), else where the model's own mask
+  found packing (`create_causal_mask` looks when the model holds no KV cache; with one, sdpa and eager
+  attend across the packed rows' sequences, and so does this);
 - float32 q/k/v (a model left in float32, PEFT's fp32 norms) run in the half dtype transformers' flash
   path picks, bfloat16 where that is float32 too, and the output is cast back;
 - GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured.
@@ -59,6 +63,9 @@ _NOT_FOR_ATTENTION = frozenset({"use_cache", "num_items_in_batch", "output_hidde
 _USE_INSTEAD = "; use attn_implementation='sdpa' or 'eager' for this model"
 # (weakref to the last position_ids seen, (batch, seq_len, its version), _packed_cu_seqlens' answer)
 _packing_cache = (lambda: None, None, None)
+# The last mask the model built through flash_attn2_mask that found no packing: (weakref to its config,
+# (batch, q_len)), or None. The next attention call of that model takes it for its position_ids.
+_mask_found_no_packing = None
 
 
 def register() -> None:
@@ -94,6 +101,14 @@ def flash_attn2_mask(*args, use_vmap=False, **kwargs):
         raise NotImplementedError("flash_attn2: this model adds its own mask function (or_mask_function / "
                                   "and_mask_function) to the causal mask, which flash_attn2 cannot apply"
                                   + _USE_INSTEAD)
+    # create_causal_mask keeps allow_is_causal_skip only for a plain causal mask: it sets it False when it
+    # found packed sequences (and for block overlays and compiled decoding), so True means no packing.
+    global _mask_found_no_packing
+    config = kwargs.get("config")
+    if not torch.compiler.is_compiling():
+        plain = kwargs.get("allow_is_causal_skip") and kwargs.get("attention_mask") is None and config is not None
+        _mask_found_no_packing = ((weakref.ref(config), (kwargs.get("batch_size"), kwargs.get("q_length")))
+                                  if plain else None)
     return flash_attention_mask(*args, **kwargs)
 
 
@@ -131,7 +146,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         out = _flat_varlen(q, k, v, cu_seq_lens_q.to(device=q.device, dtype=torch.int32),
                            cu_seq_lens_k.to(device=q.device, dtype=torch.int32), int(max_length_q), int(max_length_k),
                            flash_kwargs)
-    elif (packed := _packed_cu_seqlens(position_ids, *q.shape[:2])) is not None:
+    elif (packed := _packed_cu_seqlens(position_ids, *q.shape[:2], getattr(module, "config", None))) is not None:
         if k.shape[1] != q.shape[1]:
             raise NotImplementedError(f"flash_attn2: packed sequences (position_ids restarting inside a row) with a "
                                       f"KV cache ({k.shape[1]} keys for {q.shape[1]} queries) are not supported")
@@ -210,11 +225,11 @@ def _flat_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
     return out.view(batch, -1, *out.shape[1:])
 
 
-def _packed_cu_seqlens(position_ids, batch: int, seq_len: int):
+def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
     """(cu_seqlens int32 over the flattened batch * seq_len tokens, max_seqlen) when position ids restart
     inside a row, else None. A sequence starts at each row's first token and wherever a position is not the
-    previous one + 1, as in transformers' masks for sdpa/eager (masking_utils.find_packed_sequence_indices);
-    transformers' flash path only splits batch-1 rows where the position equals the row's minimum."""
+    previous one + 1, as in transformers' masks for sdpa/eager (masking_utils.find_packed_sequence_indices).
+    A batch of several rows whose model's mask (`config`'s, just built) found no packing is not looked at."""
     if position_ids is None or seq_len == 1:
         return None
     if position_ids.dim() != 2 or position_ids.shape[1] != seq_len:
@@ -223,15 +238,20 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int):
     # The answer needs the values on the host (a device sync). A model hands every layer the same
     # position_ids tensor, so the answer is kept for it (while unmodified): one sync per forward, not one per
     # layer, which left the GPU idle between layers (HF step 4 x 2k tokens, 4 layers: 22.4 -> see TUNING).
-    global _packing_cache
+    # Without one at all where the model's mask already decided (TUNING 41's "Next").
+    global _packing_cache, _mask_found_no_packing
     key = (batch, seq_len, position_ids._version)
-    if not torch.compiler.is_compiling():
-        cached_ref, cached_key, cached = _packing_cache
-        if cached_ref() is position_ids and cached_key == key:
-            return cached
-    answer = _find_packing(position_ids, batch, seq_len)
-    if not torch.compiler.is_compiling():
-        _packing_cache = (weakref.ref(position_ids), key, answer)
+    if torch.compiler.is_compiling():
+        return _find_packing(position_ids, batch, seq_len)
+    cached_ref, cached_key, cached = _packing_cache
+    if cached_ref() is position_ids and cached_key == key:
+        return cached
+    decided, _mask_found_no_packing = _mask_found_no_packing, None  # one forward's mask, for one position_ids
+    if batch > 1 and decided is not None and config is not None and decided[0]() is config and decided[1] == (batch, seq_len):
+        answer = None
+    else:
+        answer = _find_packing(position_ids, batch, seq_len)
+    _packing_cache = (weakref.ref(position_ids), key, answer)
     return answer
 
 
