@@ -131,7 +131,8 @@ def test_logits_match_sdpa(backend, padding, cache):
 
 
 @pytest.mark.parametrize("rows, use_cache", [([[37, 64, 23]], False), ([[37, 64, 23]], True),
-                                             ([[37, 64, 23], [50, 74]], False)], ids=["batch1", "batch1_cache", "batch2"])
+                                             ([[37, 64, 23], [50, 74]], False)],
+                         ids=["batch1", "batch1_cache", "batch2"])
 @pytest.mark.parametrize("given_seqlens", [False, True], ids=["position_ids", "cu_seq_lens"])
 def test_packed_sequences_match_separate(backend, rows, use_cache, given_seqlens):
     """Sequences packed into rows, positions restarting at 0, no padding mask, give each sequence's own logits

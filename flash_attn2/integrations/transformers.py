@@ -238,7 +238,7 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
     # The answer needs the values on the host (a device sync). A model hands every layer the same
     # position_ids tensor, so the answer is kept for it (while unmodified): one sync per forward, not one per
     # layer, which left the GPU idle between layers (HF step 4 x 2k tokens, 4 layers: 22.4 -> see TUNING).
-    # Without one at all where the model's mask already decided (TUNING 41's "Next").
+    # And none at all for several rows whose mask found no packing (flash_attn2_mask).
     global _packing_cache, _mask_found_no_packing
     key = (batch, seq_len, position_ids._version)
     if torch.compiler.is_compiling():
@@ -246,8 +246,9 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
     cached_ref, cached_key, cached = _packing_cache
     if cached_ref() is position_ids and cached_key == key:
         return cached
-    decided, _mask_found_no_packing = _mask_found_no_packing, None  # one forward's mask, for one position_ids
-    if batch > 1 and decided is not None and config is not None and decided[0]() is config and decided[1] == (batch, seq_len):
+    decided, _mask_found_no_packing = _mask_found_no_packing, None  # one forward's mask, for its position_ids
+    mask_config, mask_shape = decided or (lambda: None, None)
+    if batch > 1 and mask_shape == (batch, seq_len) and config is not None and mask_config() is config:
         answer = None
     else:
         answer = _find_packing(position_ids, batch, seq_len)
