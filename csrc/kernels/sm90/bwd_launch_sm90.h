@@ -7,8 +7,7 @@
 
 #include "common/registry.h"
 #include "sm90/bwd_kernel_sm90.h"
-#include "sm90/fwd_launch_sm90.h"  // make_tma
-#include "sm90/tma_encode.h"
+#include "sm90/tma.h"
 
 namespace flash_attn2 {
 

@@ -19,7 +19,7 @@
 
 #include "common/registry.h"
 #include "flash_attn2/flash_attn2.h"
-#include "sm90/tma_encode.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
+#include "sm90/tma.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
 namespace flash_attn2 {
 

@@ -13,7 +13,7 @@
 #include "common/seqlen.h"
 #include "common/tile_scheduler.h"
 #include "common/utils.h"
-#include "sm90/fwd_kernel_sm90.h"  // tma_shape
+#include "sm90/tma.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2::sm90 {

@@ -25,6 +25,7 @@
 #include "common/tile_scheduler.h"
 #include "common/utils.h"
 #include "sm90/scheduler_sm90.h"
+#include "sm90/tma.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2 {
@@ -34,15 +35,6 @@ namespace sm90 {
 // Named barriers (ids above CUTLASS's reserved ones).
 // Per consumer warpgroup (at most 3): its ping-pong turn, its epilogue; then the zeroed V tail (varlen).
 enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
-
-// The (rows, head_dim, heads, batch) extents the TMA descriptors were built for (fwd_launch_sm90.h).
-template <bool kIsQ>
-__host__ __device__ inline auto tma_shape(const FwdParams& p) {
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
-  return cute::make_shape(int(rows > 0 ? rows : 1), p.head_dim, kIsQ ? p.num_heads : p.num_heads_k,
-                          varlen ? 1 : (p.batch > 0 ? p.batch : 1));
-}
 
 // The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
 // the causal diagonal of its own rows; none for rows past the sequence. Empty when n_max == n_min.

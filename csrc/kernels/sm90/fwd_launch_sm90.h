@@ -9,26 +9,9 @@
 
 #include "common/registry.h"
 #include "sm90/fwd_kernel_sm90.h"
-#include "sm90/tma_encode.h"
+#include "sm90/tma.h"
 
 namespace flash_attn2 {
-
-namespace sm90 {
-
-// A TMA descriptor over one of q / k / v as (rows, head_dim, heads, batch). Varlen tensors are one packed
-// batch entry (sequences are row offsets); a stride that the view never steps along is set to the row
-// stride, since TMA wants every stride a nonzero multiple of 16 bytes.
-template <class Traits, class Tma, class Element = typename Traits::Element, class CopyOp, class SmemLayout, class TileShape>
-Tma make_tma(CopyOp op, const void* ptr, cute::Shape<int, int, int, int> shape, int64_t row_stride,
-             int64_t head_stride, int64_t batch_stride, SmemLayout smem, TileShape tile) {
-  using namespace cute;
-  auto layout = make_layout(shape, make_stride(row_stride, _1{}, get<2>(shape) > 1 ? head_stride : row_stride,
-                                               get<3>(shape) > 1 ? batch_stride : row_stride));
-  Tensor t = make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), layout);
-  return make_tma_copy(op, t, smem, tile, _1{});
-}
-
-}  // namespace sm90
 
 template <class Traits>
 cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {

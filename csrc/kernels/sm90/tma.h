@@ -1,0 +1,83 @@
+// TMA on Hopper, for both directions: the (rows, head_dim, heads, batch) view of q / k / v / out / dout
+// (tma_shape, make_tma), and the host-side encoding of its descriptors. Descriptors are encoded on every
+// call. CUTLASS's driver wrapper looks up cuTensorMapEncodeTiled through cudaGetDriverEntryPointByVersion
+// each time (the library must not link libcuda, which CPU-only machines lack), and CuTe only prints when
+// encoding fails. This specialization of that wrapper, for the argument types CuTe passes, looks the entry
+// point up once and records failures, which the launcher turns into an error instead of launching with an
+// empty descriptor.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cute/tensor.hpp>
+#include <cutlass/cuda_host_adapter.hpp>
+
+#include "flash_attn2/flash_attn2.h"
+
+namespace flash_attn2::sm90 {
+
+// Cleared by the launcher before it builds descriptors; set by a failed encode on this thread.
+inline thread_local bool tma_encode_failed = false;
+
+// cuTensorMapEncodeTiled as of CUDA 12.0.
+using TensorMapEncoder = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline TensorMapEncoder tensor_map_encoder() {
+  static const TensorMapEncoder encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return err == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<TensorMapEncoder>(fn) : nullptr;
+  }();
+  return encode;
+}
+
+}  // namespace flash_attn2::sm90
+
+namespace cutlass {
+
+template <>
+inline CUresult call_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, int rank, void* address,
+                                            uint64_t* dims, uint64_t* strides, uint32_t* box, uint32_t* box_strides,
+                                            CUtensorMapInterleave interleave, CUtensorMapSwizzle swizzle,
+                                            CUtensorMapL2promotion l2, CUtensorMapFloatOOBfill oob) {
+  const auto encode = flash_attn2::sm90::tensor_map_encoder();
+  const CUresult result = encode == nullptr ? CUDA_ERROR_NOT_FOUND
+                                            : encode(map, type, cuuint32_t(rank), address, dims, strides, box,
+                                                     box_strides, interleave, swizzle, l2, oob);
+  if (result != CUDA_SUCCESS) flash_attn2::sm90::tma_encode_failed = true;
+  return result;
+}
+
+}  // namespace cutlass
+
+namespace flash_attn2::sm90 {
+
+// The (rows, head_dim, heads, batch) extents of the q-side (kIsQ) or k-side tensors' descriptors.
+template <bool kIsQ>
+__host__ __device__ inline auto tma_shape(const FwdParams& p) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
+  return cute::make_shape(int(rows > 0 ? rows : 1), p.head_dim, kIsQ ? p.num_heads : p.num_heads_k,
+                          varlen ? 1 : (p.batch > 0 ? p.batch : 1));
+}
+
+// A TMA descriptor over one of q / k / v as (rows, head_dim, heads, batch). Varlen tensors are one packed
+// batch entry (sequences are row offsets); a stride that the view never steps along is set to the row
+// stride, since TMA wants every stride a nonzero multiple of 16 bytes.
+template <class Traits, class Tma, class Element = typename Traits::Element, class CopyOp, class SmemLayout, class TileShape>
+Tma make_tma(CopyOp op, const void* ptr, cute::Shape<int, int, int, int> shape, int64_t row_stride,
+             int64_t head_stride, int64_t batch_stride, SmemLayout smem, TileShape tile) {
+  using namespace cute;
+  auto layout = make_layout(shape, make_stride(row_stride, _1{}, get<2>(shape) > 1 ? head_stride : row_stride,
+                                               get<3>(shape) > 1 ? batch_stride : row_stride));
+  Tensor t = make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), layout);
+  return make_tma_copy(op, t, smem, tile, _1{});
+}
+
+}  // namespace flash_attn2::sm90
