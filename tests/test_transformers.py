@@ -179,6 +179,12 @@ def test_packing_looked_for_where_the_models_mask_looks(backend, monkeypatch, po
     assert looked == ([(2, L)] if per_sequence else [])  # once per forward, and only when the mask found packing
     kinds = {kind for kind, *_ in backend.calls}
     assert kinds == {"varlen" if per_sequence else "dense"}
+    # The same position_ids tensor in a forward whose mask decides the other way: that forward's mask rules.
+    backend.calls.clear()
+    with torch.no_grad():
+        model(input_ids=ids, position_ids=position_ids, use_cache=not use_cache)
+    per_sequence = positions == "packed" and use_cache
+    assert {kind for kind, *_ in backend.calls} == {"varlen" if per_sequence else "dense"}
 
 
 def test_training_losses_match_sdpa(backend):

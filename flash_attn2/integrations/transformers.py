@@ -102,13 +102,16 @@ def flash_attn2_mask(*args, use_vmap=False, **kwargs):
                                   "and_mask_function) to the causal mask, which flash_attn2 cannot apply"
                                   + _USE_INSTEAD)
     # create_causal_mask keeps allow_is_causal_skip only for a plain causal mask: it sets it False when it
-    # found packed sequences (and for block overlays and compiled decoding), so True means no packing.
-    global _mask_found_no_packing
+    # found packed sequences (and for block overlays and compiled decoding), so True means no packing; it
+    # looks for packing only without a padding mask and a KV cache. A new mask is a new forward: the
+    # packing answers kept for earlier position_ids no longer hold.
+    global _mask_found_no_packing, _packing_cache
     config = kwargs.get("config")
     if not torch.compiler.is_compiling():
-        plain = kwargs.get("allow_is_causal_skip") and kwargs.get("attention_mask") is None and config is not None
+        plain = kwargs.get("allow_is_causal_skip") and config is not None
         _mask_found_no_packing = ((weakref.ref(config), (kwargs.get("batch_size"), kwargs.get("q_length")))
                                   if plain else None)
+        _packing_cache = (lambda: None, None, None)
     return flash_attention_mask(*args, **kwargs)
 
 
