@@ -117,10 +117,11 @@ def make_fn(impl, q, k, v, causal):
         return run_ours
     backend = SDPA_BACKENDS[impl]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) view of the same memory
+    gqa = k.shape[2] != q.shape[2]
 
     def run():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa).transpose(1, 2)
     return run
 
 
