@@ -1,5 +1,5 @@
-# One flash_attn2 backward per case (FA2 grid shapes, bf16), for
-#   ncu -k regex:bwd_kernel_sm90 -c N ... python3 benchmarks/dev/ncu_bwd.py D,CAUSAL,S [...]
+# One flash_attn2 backward per case (bf16; FA2 grid shapes, or a GQA shape), for
+#   ncu -k regex:bwd_kernel_sm90 -c N ... python3 benchmarks/dev/ncu_bwd.py D,CAUSAL,S[,H,H_KV,BATCH] [...]
 import sys
 
 import torch
@@ -8,10 +8,10 @@ from flash_attn2 import flash_attn_func
 from flash_attn2.benchmark import HIDDEN, TOKENS
 
 for case in sys.argv[1:]:
-    d, causal, s = (int(x) for x in case.split(","))
-    b, h = TOKENS // s, HIDDEN // d
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    fields = [int(x) for x in case.split(",")]
+    d, causal, s = fields[:3]
+    h, h_kv, b = fields[3:6] if len(fields) > 3 else (HIDDEN // d, HIDDEN // d, TOKENS // s)
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
     out = flash_attn_func(q, k, v, causal=bool(causal))
     out.backward(torch.randn_like(out))
-    torch.cuda.synchronize()
-print("ncu_bwd: ok")
