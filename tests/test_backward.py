@@ -87,6 +87,29 @@ def test_sm80_backward_head_splits(causal, varlen, head_dim, monkeypatch):
     check_grads(grads, ref[1:], ref_pt[1:])
 
 
+@pytest.mark.parametrize("backend", ["default", "sm80"])
+def test_bwd_l2_head_splits(backend, monkeypatch):
+    """GQA 7:1 (no power-of-two split), causal, head dim 256, 10k rows: a block's heads would hold
+    7 x 10000 x 2 KB = 143 MB of Q, dO and dQ-accumulator rows, more than twice the L2 (50 MB on an H100), so
+    the query heads split 7 ways (registry.h: bwd_head_splits); the profiler shows the split blocks' dK / dV
+    conversion running."""
+    dtype, seqlen = torch.bfloat16, 10000
+    require_kernel(256, dtype)
+
+    def set_backend():
+        if backend != "default":
+            monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)
+
+    q, k, v = dense_inputs(1, seqlen, seqlen, 7, 7, 256, dtype)
+    dout = randn(*q.shape, dtype=dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        grads = run_backward(q, k, v, dout, None, None, seqlen, seqlen, True, before_backward=set_backend)
+        torch.cuda.synchronize()
+    assert any("convert_dkv" in e.key for e in prof.key_averages()), "the backward did not split the query heads"
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up)[0], (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [8, 40, 59, 100, 200, 256])
 @pytest.mark.parametrize("causal", [False, True])
