@@ -6,8 +6,9 @@
 set -uo pipefail
 root=$(pwd); names=()
 for w in ${WHEELS:?}; do
+  w=$(readlink -f "$w")  # unpacked from inside /tmp/ab_<name>: a relative path would name nothing there
   name=$(printf "\\x$(printf %x $((65 + ${#names[@]})))")
-  rm -rf /tmp/ab_$name && mkdir -p /tmp/ab_$name && (cd /tmp/ab_$name && python3 -m zipfile -e "$w" .)
+  rm -rf /tmp/ab_$name && mkdir -p /tmp/ab_$name && (cd /tmp/ab_$name && python3 -m zipfile -e "$w" .) || exit 1
   echo "$name = $w"; names+=($name)
 done
 cd /tmp  # the repository root would shadow the unpacked packages
