@@ -101,20 +101,23 @@ struct QueryTileScheduler {
 // Fixed-length causal tiles for a persistent grid: tile work falls with the query block, so the slots go
 // longest first (every head's last query block, then the next-to-last, ...). To keep K/V in L2, the
 // (batch, head) pairs are cut into sections of `section_heads` that run one after the other, longest first
-// within each; the direction alternates from round to round.
+// within each; the direction alternates from round to round. kKeys: the same over key blocks and kv heads
+// (the Hopper backward, whose first key block is the longest).
+template <bool kKeys = false>
 struct CausalTileOrder {
   int num_m_blocks, section_heads;
 
   __host__ __device__ int section_slots() const { return section_heads * num_m_blocks; }
 
   __device__ QueryTile get(const FwdParams& p, int slot) const {
-    const int pairs = p.batch * p.num_heads;
+    const int heads_per_batch = kKeys ? p.num_heads_k : p.num_heads;
+    const int pairs = p.batch * heads_per_batch;
     const int section = slot / (section_heads * num_m_blocks);
     const int heads = min(section_heads, pairs - section * section_heads);  // in this section
     const int r = slot - section * section_heads * num_m_blocks;
     const int round = r / heads, i = r % heads;
     const int pair = section * section_heads + (round % 2 == 0 ? i : heads - 1 - i);
-    return {pair / p.num_heads, pair % p.num_heads, num_m_blocks - 1 - round, true, false, 0, 1};
+    return {pair / heads_per_batch, pair % heads_per_batch, num_m_blocks - 1 - round, true, false, 0, 1};
   }
 };
 

@@ -139,7 +139,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
 
   // One key block per block: the key-side tile slots (sized from the packed length for varlen, so no
   // max_seqlen_k hint can leave keys out).
-  const QueryTile tile = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, int(blockIdx.x) / args.head_splits);
+  // Only the wide shape takes causal sections (bwd_launch_sm90.h); the narrow kernels keep one order.
+  const int slot = int(blockIdx.x) / args.head_splits;
+  const QueryTile tile = Traits::kHeadDim > 128 && args.causal_keys.section_heads > 0
+                             ? args.causal_keys.get(p, slot)
+                             : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot);
   if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's
   const BwdWork<Traits> work(p, tile, args.head_splits);
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);

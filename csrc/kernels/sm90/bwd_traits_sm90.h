@@ -18,6 +18,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/registry.h"
+#include "common/tile_scheduler.h"  // CausalTileOrder
 #include "flash_attn2/flash_attn2.h"
 #include "sm90/tma.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
@@ -257,6 +258,9 @@ struct BwdArgsSm90 {
   // Blocks per (key block, kv head), each taking group / head_splits of the query heads; above 1 they add
   // dK and dV into fp32 accumulators after dq_accum's region (bwd_dkv_accum_offset), converted afterwards.
   int head_splits;
+  // Causal key blocks longest first in sections of (batch, kv head) pairs (bwd_launch_sm90.h says when);
+  // section_heads 0: pair by pair (QueryTileScheduler's order).
+  CausalTileOrder<true> causal_keys;
 };
 
 }  // namespace flash_attn2

@@ -114,7 +114,7 @@ struct FwdArgsSm90 {
   typename Traits::TmaKV tma_k, tma_v;
   typename Traits::TmaO tma_o;  // fixed length only: varlen rows past a sequence belong to the next one
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
-  CausalTileOrder causal_tiles;
+  CausalTileOrder<> causal_tiles;
   int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal_order only); nullptr: static walk
 };
 
