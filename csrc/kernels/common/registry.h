@@ -47,7 +47,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 // different times, and those that start later drift over up to one 128-row query block per SM, each
 // holding a block's heads' Q and dO (bf16) and dQ accumulator (fp32) rows in L2 (Qwen2.5-7B, group 7,
 // 32k causal, H100: 7 x 16.9k rows x 1 KB = 121 MB; 7 splits take the L2 hit rate from 85% to 93% and
-// the kernel from 40.0 to 37.3 ms; at 8k, 57 MB, 7 splits are 5-8% slower). Not in deterministic mode.
+// the kernel from 40.0 to 37.3 ms; at 8k, 59 MB, 7 splits were slower). Not in deterministic mode.
 // Split blocks add dK and dV into fp32 accumulators after the dQ accumulator (bwd_dkv_accum_offset),
 // which bwd_dq_accum_elems sizes from this same answer: a function of p and the current device only.
 constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplits = 8;
