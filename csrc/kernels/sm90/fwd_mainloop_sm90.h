@@ -87,21 +87,18 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   };
   // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
   // Arrivals for skippers come after that wait, so they count toward the stage's current use.
-  auto load_k = [&](int n_block) {
-    barrier_wait(&smem.k_empty[state.stage], state.phase ^ 1);
+  // K or V block n_block into the current stage, behind that tensor's empty / full barriers.
+  auto load_kv = [&](const auto& tma, const auto& tXgX, const auto& tXsX, uint64_t* full, uint64_t* empty, int n_block) {
+    barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) {
-      barrier_expect_tx(&smem.k_full[state.stage], Traits::kKVBytes);
-      copy(args.tma_k.with(smem.k_full[state.stage]), tKgK(_, n_block), tKsK(_, state.stage));
-      release_for_skippers(&smem.k_empty[state.stage], n_block);
+      barrier_expect_tx(&full[state.stage], Traits::kKVBytes);
+      copy(tma.with(full[state.stage]), tXgX(_, n_block), tXsX(_, state.stage));
+      release_for_skippers(&empty[state.stage], n_block);
     }
   };
+  auto load_k = [&](int n_block) { load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block); };
   auto load_v = [&](int n_block) {
-    barrier_wait(&smem.v_empty[state.stage], state.phase ^ 1);
-    if (leader) {
-      barrier_expect_tx(&smem.v_full[state.stage], Traits::kKVBytes);
-      copy(args.tma_v.with(smem.v_full[state.stage]), tVgV(_, n_block), tVsV(_, state.stage));
-      release_for_skippers(&smem.v_empty[state.stage], n_block);
-    }
+    load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block);
     state.template advance<Traits::kStages>();
   };
   load_k(blocks.n_max - 1);
