@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // max_seqlen_k hint can leave keys out).
   // Only the wide shape takes causal sections (bwd_launch_sm90.h); the narrow kernels keep one order.
   const int slot = int(blockIdx.x) / args.head_splits;
-  const QueryTile tile = Traits::kHeadDim > 128 && args.causal_keys.section_heads > 0
+  const QueryTile tile = Traits::kWide && args.causal_keys.section_heads > 0
                              ? args.causal_keys.get(p, slot)
                              : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot);
   if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's

@@ -61,7 +61,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   // two runs: TUNING 42). At least two sections: a single one is the rank-major order that loses L2
   // (TUNING 41).
   constexpr int kWideCausalSection = 8;
-  if (kHeadDim > 128 && p.causal && p.cu_seqlens_k == nullptr && p.num_heads == p.num_heads_k &&
+  if (Traits::kWide && p.causal && p.cu_seqlens_k == nullptr && p.num_heads == p.num_heads_k &&
       int64_t(p.batch) * p.num_heads_k >= 2 * kWideCausalSection) {
     args.causal_keys = {int((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN), kWideCausalSection};
   }
