@@ -25,41 +25,43 @@ constexpr int kPreprocessLanes = 8;
 __device__ inline float to_float(__half x) { return __half2float(x); }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// One group of kLanes threads per (row, head); each thread reads 16 bytes of dO and O at a time. Then
-// the grid clears the accum_vec4 16-byte words of the dQ accumulator.
+// A block per (kRows query rows, head, batch; varlen: packed rows, batch 0), kLanes threads per row, each
+// reading 16 bytes of dO and O at a time: D and LSE, head-major, are read and written in order, and no
+// thread divides by the head count or the sequence length. Then the grid clears the accum_vec4 16-byte
+// words of the dQ accumulator. At most 48 registers (5 blocks per SM, as before; 6 spill).
 template <typename T>
-__global__ void __launch_bounds__(kThreads) preprocess_kernel(const __grid_constant__ BwdParams p, int64_t accum_vec4) {
-  constexpr int kLanes = kPreprocessLanes;
-  const int64_t item = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / kLanes;  // row * num_heads + head
-  const int lane = threadIdx.x % kLanes;
-  const bool valid = item < int64_t(p.num_heads) * p.total_q;
-  const int head = int(item % p.num_heads);
-  const int64_t row = item / p.num_heads;
-  float sum = 0.f;
-  if (valid) {
-    const T* dout = static_cast<const T*>(p.dout) +
-                    query_row_offset(p, row, head, p.do_batch_stride, p.do_row_stride, p.do_head_stride);
-    const T* out = static_cast<const T*>(p.out) +
-                   query_row_offset(p, row, head, p.o_batch_stride, p.o_row_stride, p.o_head_stride);
-    for (int col = lane * kVec; col < p.head_dim; col += kLanes * kVec) {
-      const uint4 a = *reinterpret_cast<const uint4*>(dout + col);
-      const uint4 b = *reinterpret_cast<const uint4*>(out + col);
-      const T* x = reinterpret_cast<const T*>(&a);
-      const T* y = reinterpret_cast<const T*>(&b);
+__global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_constant__ BwdParams p, int64_t accum_vec4) {
+  constexpr int kLanes = kPreprocessLanes, kRows = kThreads / kLanes;
+  const int head = int(blockIdx.y), lane = int(threadIdx.x) % kLanes;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t seq_rows = varlen ? p.total_q : p.seqlen_q, batches = varlen ? 1 : p.batch;  // rows per batch
+  const int64_t r = int64_t(blockIdx.x) * kRows + threadIdx.x / kLanes;
+  for (int64_t b = blockIdx.z; b < batches; b += gridDim.z) {  // batch strides are 0 for varlen
+    float sum = 0.f;
+    if (r < seq_rows) {
+      const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + r * p.do_row_stride + head * p.do_head_stride;
+      const T* out = static_cast<const T*>(p.out) + b * p.o_batch_stride + r * p.o_row_stride + head * p.o_head_stride;
+      for (int col = lane * kVec; col < p.head_dim; col += kLanes * kVec) {
+        const uint4 x = *reinterpret_cast<const uint4*>(dout + col);
+        const uint4 y = *reinterpret_cast<const uint4*>(out + col);
+        const T* xs = reinterpret_cast<const T*>(&x);
+        const T* ys = reinterpret_cast<const T*>(&y);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) sum += to_float(x[i]) * to_float(y[i]);
+        for (int i = 0; i < kVec; ++i) sum += to_float(xs[i]) * to_float(ys[i]);
+      }
+    }
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+    if (r < seq_rows && lane == 0) {
+      const int64_t at = head * int64_t(p.total_q) + b * seq_rows + r;
+      const float lse = p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + r];
+      p.softmax_d[at] = sum;
+      p.softmax_d[bwd_lse_log2_offset(p) + at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
     }
   }
-#pragma unroll
-  for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (valid && lane == 0) {
-    const int64_t at = head * int64_t(p.total_q) + row;
-    const float lse = p.lse[query_row_offset(p, row, head, p.lse_batch_stride, 1, p.lse_head_stride)];
-    p.softmax_d[at] = sum;
-    p.softmax_d[bwd_lse_log2_offset(p) + at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
-  }
 
-  const int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * kThreads;
+  const int64_t block = (int64_t(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  const int64_t first = block * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * gridDim.y * gridDim.z * kThreads;
   float4* accum = reinterpret_cast<float4*>(p.dq_accum);
   for (int64_t i = first; i < accum_vec4; i += stride) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 
@@ -143,10 +145,15 @@ cudaError_t launch_convert(ConvertKernel half, ConvertKernel bf16, int64_t vecs,
 
 cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   // At least one block: with no query rows there may still be key rows to zero-fill.
-  const int64_t blocks = std::max<int64_t>(1, grid_for(int64_t(p.num_heads) * p.total_q * kPreprocessLanes));
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  constexpr int kRows = kThreads / kPreprocessLanes;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int64_t seq_rows = varlen ? p.total_q : p.seqlen_q;
+  const int64_t row_blocks = std::max<int64_t>(1, (seq_rows + kRows - 1) / kRows);
+  if (row_blocks > INT_MAX || p.num_heads > 65535) return cudaErrorInvalidValue;
+  const dim3 grid(unsigned(row_blocks), unsigned(std::max(1, p.num_heads)),
+                  unsigned(varlen ? 1 : std::clamp(p.batch, 1, 65535)));
   auto kernel = p.dtype == DType::kFloat16 ? &preprocess_kernel<__half> : &preprocess_kernel<__nv_bfloat16>;
-  kernel<<<unsigned(blocks), kThreads, 0, stream>>>(p, bwd_dq_accum_elems(p) / 4);
+  kernel<<<grid, kThreads, 0, stream>>>(p, bwd_dq_accum_elems(p) / 4);
   return cudaGetLastError();
 }
 

@@ -166,6 +166,19 @@ Tensor kernel_ready(const Tensor& t) {
   return aligned(r) ? r : r.clone(at::MemoryFormat::Contiguous);
 }
 
+// A gradient's memory: its input's strides where the kernels can write them (a dense tensor whose head dim is
+// innermost and a multiple of 8, so every other stride is a multiple of 8 too), else contiguous. Models
+// hand over q and k as transposed (batch, heads, seqlen) views; contiguous gradients would make the
+// elementwise ops behind them (RoPE's backward) strided. flash_attn2/_ops.py's fake says the same.
+Tensor grad_like(const Tensor& t) {
+  if (t.size(-1) % 8 == 0 && t.stride(-1) == 1 && t.is_non_overlapping_and_dense()) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options());
+  }
+  std::vector<int64_t> sizes = t.sizes().vec();
+  sizes.back() = (sizes.back() + 7) / 8 * 8;  // the kernel-ready head dim; unpadded() cuts it back
+  return at::empty(sizes, t.options());
+}
+
 // The first head_dim columns of a kernel-ready result, contiguous as the fake implementations promise.
 Tensor unpadded(const Tensor& t, int64_t head_dim) {
   return t.size(-1) == head_dim ? t : t.narrow(-1, 0, head_dim).contiguous();
@@ -340,7 +353,8 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The ops. Outputs are contiguous, in the inputs' head dim, as flash_attn2/_ops.py's fake versions say.
+// The ops, in the inputs' head dim: out and lse contiguous, the gradients as grad_like says (and so does
+// flash_attn2/_ops.py's fake versions).
 
 std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -360,9 +374,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, cons
                                        const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                        double softmax_scale, bool causal, bool deterministic) {
   const Tensor qr = kernel_ready(q), kr = kernel_ready(k);
-  Tensor dq = at::empty(qr.sizes(), qr.options());
-  Tensor dk = at::empty(kr.sizes(), kr.options());
-  Tensor dv = at::empty(kr.sizes(), kr.options());
+  Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic);
   const int64_t head_dim = q.size(-1);

@@ -3,12 +3,15 @@
 csrc/flash_api.cpp defines `flash_attn2::fwd` and `flash_attn2::bwd` with their CUDA kernels and registers
 the autograd formula on `fwd` in C++ (`bwd` raises when differentiated). The fakes below check the
 tensors as the CUDA kernel does and give torch.compile, torch.export and FakeTensor the exact shapes,
-dtypes and strides of the real outputs: contiguous, in the inputs' head dim.
+dtypes and strides of the real outputs, in the inputs' head dim: out and softmax_lse contiguous; each
+gradient in its input's strides where that input is dense with its head dim innermost and a multiple of 8
+(as a model's transposed q/k views are), else contiguous.
 """
 
 from __future__ import annotations
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 from ._checks import check_tensors
 from ._extension import load
@@ -23,6 +26,13 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
+def _grad_like(t: torch.Tensor) -> torch.Tensor:
+    """csrc/flash_api.cpp's grad_like."""
+    if t.shape[-1] % 8 == 0 and t.stride(-1) == 1 and is_non_overlapping_and_dense_or_false(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return _empty_like(t)
+
+
 @torch.library.register_fake("flash_attn2::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic):
     check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
@@ -34,4 +44,4 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 @torch.library.register_fake("flash_attn2::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
               causal, deterministic):
-    return _empty_like(q), _empty_like(k), _empty_like(k)
+    return _grad_like(q), _grad_like(k), _grad_like(v)

@@ -149,6 +149,10 @@ def test_autograd_packed_and_strided():
     flash_attn2.flash_attn_func(q, k, v).backward(dout)
     ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, False, upcast=up)[0], (q, k, v), dout)
     check_grads((q.grad, k.grad, v.grad), ref[1:], ref_pt[1:])
+    # The op's own gradients (autograd.grad hands them over unchanged) come in their inputs' strides.
+    grads = torch.autograd.grad(flash_attn2.flash_attn_func(q, k, v), (q, k, v), dout)
+    assert [g.stride() for g in grads] == [t.stride() for t in (q, k, v)]
+    check_grads(grads, ref[1:], ref_pt[1:])
 
 
 def test_varlen_autograd_matches_internal():
