@@ -16,6 +16,8 @@ import argparse
 import copy
 import csv
 import os
+import statistics
+import time
 
 import torch
 
@@ -59,6 +61,19 @@ def make_step(model, optimizer, ids):
     return step
 
 
+def host_ms(step, reps=10):
+    """Median host time of one step issued after a sync: the launch work (Python, dispatch, any sync inside),
+    which the step's GPU time hides only while it is the shorter of the two."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=4)
@@ -87,8 +102,9 @@ def main(argv=None):
     rows = [dict(gpu=gpu, impl=impl, batch=args.batch, seqlen=args.seqlen, layers=args.layers,
                  hidden=config.hidden_size, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                  vocab=args.vocab, ms=f"{ms:.3f}", loss=f"{first_loss[impl]:.4f}") for impl, ms in times.items()]
+    host = {impl: host_ms(step) for impl, step in steps.items()}
     for row in rows:
-        print(f"{row['impl']:12s} {row['ms']} ms per step")
+        print(f"{row['impl']:12s} {row['ms']} ms per step (host {host[row['impl']]:.3f} ms)")
     print(f"flash_attn2 / sdpa step time: {times['flash_attn2'] / times['sdpa']:.3f} "
           f"({args.batch} x {args.seqlen} tokens, {args.layers} layers, GQA {args.heads}:{args.kv_heads}, "
           f"d {args.head_dim}; {gpu})")
