@@ -59,7 +59,8 @@ def backend(request, monkeypatch):
             return flash_attn2.flash_attn_func(q, k, v, **kwargs)
         with pytest.raises(ValueError, match="CUDA tensors"):  # every argument check but the device's passes
             flash_attn2.flash_attn_func(q, k, v, **kwargs)
-        return attention_ref(q, k, v, *reference_mask(kwargs, k.shape[1]), kwargs["softmax_scale"])[0]
+        causal, window = reference_mask(kwargs, k.shape[1])
+        return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window)[0]
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
         calls.append(("varlen", q.dtype, cu_q.tolist()))
