@@ -19,8 +19,9 @@
 namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
-// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q.
-template <class Traits>
+// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kLeftEdge: the window has a left
+// edge (has_left_edge), whose blocks mask both edges.
+template <class Traits, bool kLeftEdge>
 __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenInfo& seq, int bidb, int bidh,
                                          int m_block) {
   using namespace cute;
@@ -131,12 +132,17 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     cp_async_fence();
   }
   int n_block = blocks.n_max - 1;
-  for (; n_block >= blocks.n_min; --n_block) {
-    if (n_block >= blocks.n_masked_min || n_block < blocks.n_unmasked_min) {
-      step(n_block, MaskBoth{});
-    } else {
-      step(n_block, MaskNone{});
+  if constexpr (kLeftEdge) {  // one loop and one masked step for both edges: fewer copies, fewer spills
+    for (; n_block >= blocks.n_min; --n_block) {
+      if (n_block >= blocks.n_masked_min || n_block < blocks.n_unmasked_min) {
+        step(n_block, MaskBoth{});
+      } else {
+        step(n_block, MaskNone{});
+      }
     }
+  } else {
+    for (; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
+    for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskNone{});
   }
 
   // Epilogue: normalize, stage O through shared memory for 16-byte stores, write the LSE.
@@ -168,7 +174,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   store_tile(gmem_copy_o, tOrO, tOgO, tOcO, rows_left, params.head_dim);
 }
 
-template <class Traits>
+template <class Traits, bool kLeftEdge>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
   const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
   if (params.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
@@ -177,7 +183,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
                         params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,
                         int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
   }
-  if (tile.valid) fwd_tile<Traits>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
+  if (tile.valid) fwd_tile<Traits, kLeftEdge>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
 }
 
 }  // namespace flash_attn2

@@ -27,7 +27,7 @@
 
 namespace flash_attn2 {
 
-template <class Traits>
+template <class Traits, bool kLeftEdge>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
         fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
         continue;
       }
-      fwd_consume_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
+      fwd_consume_tile<Traits, kLeftEdge>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
       q_phase ^= 1;
     }
     if (thread % 128 == 0) cute::tma_store_wait<0>();  // shared memory must outlive the last O store's reads

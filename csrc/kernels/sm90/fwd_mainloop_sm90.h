@@ -142,7 +142,8 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-template <class Traits>
+// kLeftEdge: the window has a left edge (has_left_edge), whose blocks mask both edges.
+template <class Traits, bool kLeftEdge>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
                                  int m_block, int thread, PipelineState& k_state, PipelineState& v_state,
@@ -265,17 +266,21 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     release(smem.k_empty, k_state);
     if (n_block >= blocks.n_masked_min) {
       softmax_step(n_block, MaskRight{});
-    } else if (n_block >= blocks.n_unmasked_min) {
-      softmax_step(n_block, MaskNone{});
+    } else if (kLeftEdge && n_block < blocks.n_unmasked_min) {
+      if constexpr (kLeftEdge) softmax_step(n_block, MaskBoth{});
     } else {
-      softmax_step(n_block, MaskBoth{});
+      softmax_step(n_block, MaskNone{});
     }
     convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
     const int key_tail = blocks.n_max * kBlockN - seq.len_k;  // rows of the sequence's last block past its end
     if (p.cu_seqlens_k != nullptr && key_tail > 0) zero_v_tail(key_tail);  // (only its readers get here)
     for (--n_block; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
-    for (; n_block >= blocks.n_unmasked_min; --n_block) step(n_block, MaskNone{});
-    for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskBoth{});
+    if constexpr (kLeftEdge) {
+      for (; n_block >= blocks.n_unmasked_min; --n_block) step(n_block, MaskNone{});
+      for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskBoth{});
+    } else {
+      for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskNone{});
+    }
     if (Traits::kSeparateO) release_q();  // the last S = Q K^T is done: the next tile's Q may load
     turn_begin();
     issue_pv();
