@@ -15,17 +15,25 @@ struct BlockRange {
   int n_min, n_max, n_masked_min, n_unmasked_min;
 };
 
-// Query block m_block: rows [m_block * kBlockM, min((m_block + 1) * kBlockM, len_q)), not empty.
-template <int kBlockM, int kBlockN>
+// Whole key blocks below key `key` (>= 0), and blocks that reach it: unsigned, so that they are shifts.
+template <int kBlockN>
+__device__ int blocks_below(int key) { return int(unsigned(key) / kBlockN); }
+template <int kBlockN>
+__device__ int blocks_to(int key) { return int((unsigned(key) + kBlockN - 1) / kBlockN); }
+
+// Query block m_block: rows [m_block * kBlockM, min((m_block + 1) * kBlockM, len_q)), not empty. Without a
+// left edge (kLeftEdge false: has_left_edge) the blocks start at 0 and none masks both edges.
+template <int kBlockM, int kBlockN, bool kLeftEdge>
 __device__ BlockRange fwd_block_range(const Window& w, int m_block) {
   const int row_first = m_block * kBlockM, row_last = min(row_first + kBlockM, w.len_q) - 1;
   // The first row sees the fewest keys on the right, the last row the fewest on the left.
-  const int n_max = cute::ceil_div(max(0, w.key_end(row_last)), kBlockN);
-  const int n_min = min(n_max, w.key_begin(row_first) / kBlockN);
+  const int n_max = blocks_to<kBlockN>(max(0, w.key_end(row_last)));
+  if constexpr (!kLeftEdge) return {0, n_max, min(n_max, blocks_below<kBlockN>(max(0, w.key_end(row_first)))), 0};
+  const int n_min = min(n_max, blocks_below<kBlockN>(w.key_begin(row_first)));
   auto clamp = [&](int n) { return max(n_min, min(n_max, n)); };
-  const int n_unmasked_min = clamp(cute::ceil_div(w.key_begin(row_last), kBlockN));
+  const int n_unmasked_min = clamp(blocks_to<kBlockN>(w.key_begin(row_last)));
   // Blocks both edges cross (a window narrower than a block) are the left edge's: they mask both.
-  const int n_masked_min = max(n_unmasked_min, clamp(max(0, w.key_end(row_first)) / kBlockN));
+  const int n_masked_min = max(n_unmasked_min, clamp(blocks_below<kBlockN>(max(0, w.key_end(row_first)))));
   return {n_min, n_max, n_masked_min, n_unmasked_min};
 }
 

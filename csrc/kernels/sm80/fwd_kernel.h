@@ -33,7 +33,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   const int tid = threadIdx.x;
   const int bidh_k = bidh / (params.num_heads / params.num_heads_k);
   const Window window(seq.len_q, seq.len_k, params);
-  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN>(window, m_block);
+  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN, kLeftEdge>(window, m_block);
   const int rows_left = seq.len_q - m_block * kBlockM;
 
   Tensor mQ = gmem_rows<kHeadDim>(static_cast<const Element*>(params.q) + seq.offset_q(params.q_batch_stride, params.q_row_stride, bidb) +

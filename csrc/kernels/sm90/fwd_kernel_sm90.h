@@ -77,9 +77,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       const QueryTile tile = tile_at(slot);
       if (tile.valid) {
         const SeqlenInfo seq(p, tile.bidb);
-        const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(Window(seq.len_q, seq.len_k, p), tile.m_block);
+        const BlockRange blocks =
+            fwd_block_range<Traits::kBlockM, Traits::kBlockN, kLeftEdge>(Window(seq.len_q, seq.len_k, p), tile.m_block);
         if (blocks.n_max > blocks.n_min) {
-          fwd_produce_tile<Traits>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
+          fwd_produce_tile<Traits, kLeftEdge>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
           q_phase ^= 1;
         }
       }
@@ -107,7 +108,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       }
       if (!tile.valid) continue;
       const SeqlenInfo seq(p, tile.bidb);
-      const BlockRange blocks = fwd_block_range<Traits::kBlockM, Traits::kBlockN>(Window(seq.len_q, seq.len_k, p), tile.m_block);
+      const BlockRange blocks =
+          fwd_block_range<Traits::kBlockM, Traits::kBlockN, kLeftEdge>(Window(seq.len_q, seq.len_k, p), tile.m_block);
       if (blocks.n_max <= blocks.n_min) {
         fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
         continue;

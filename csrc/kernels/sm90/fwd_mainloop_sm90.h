@@ -28,12 +28,12 @@ enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
 // The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
 // the window's right edge for its own rows; none for rows past the sequence. Empty when n_max == n_min.
 // Blocks before its own rows' left edge stay (the stages go round in order), masked.
-template <class Traits>
+template <class Traits, bool kLeftEdge>
 __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRange& tile_blocks, int m_block,
                                             int warpgroup) {
   const int row_block = m_block * Traits::kConsumerWarpgroups + warpgroup;  // in units of 64 rows
   if (row_block * 64 >= window.len_q) return {tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min};
-  BlockRange blocks = fwd_block_range<64, Traits::kBlockN>(window, row_block);
+  BlockRange blocks = fwd_block_range<64, Traits::kBlockN, kLeftEdge>(window, row_block);
   blocks.n_min = tile_blocks.n_min;
   blocks.n_max = max(blocks.n_min, min(blocks.n_max, tile_blocks.n_max));
   return blocks;
@@ -43,7 +43,7 @@ __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRan
 // once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
 // `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
 // (they skip it). The pipeline states carry over from tile to tile.
-template <class Traits>
+template <class Traits, bool kLeftEdge>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
                                  PipelineState& state, uint32_t q_phase, bool leader) {
@@ -80,7 +80,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   int wg_n_max[Traits::kConsumerWarpgroups];
   CUTE_UNROLL
   for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
-    wg_n_max[w] = warpgroup_block_range<Traits>(window, blocks, m_block, w).n_max;
+    wg_n_max[w] = warpgroup_block_range<Traits, kLeftEdge>(window, blocks, m_block, w).n_max;
   }
   auto release_for_skippers = [&](uint64_t* empty, int n_block) {
     CUTE_UNROLL
@@ -203,7 +203,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     int readers = 0, zeroer = 0;
     CUTE_UNROLL
     for (int w = 0; w < kGroups; ++w) {
-      const BlockRange r = warpgroup_block_range<Traits>(window, tile_blocks, m_block, w);
+      const BlockRange r = warpgroup_block_range<Traits, kLeftEdge>(window, tile_blocks, m_block, w);
       if (r.n_max == tile_blocks.n_max && r.n_max > r.n_min) ++readers, zeroer = w;
     }
     if (warpgroup == zeroer) {
@@ -250,7 +250,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   };
 
   // The blocks this warpgroup skips come first (the producer released their stages for it).
-  const BlockRange blocks = warpgroup_block_range<Traits>(window, tile_blocks, m_block, warpgroup);
+  const BlockRange blocks = warpgroup_block_range<Traits, kLeftEdge>(window, tile_blocks, m_block, warpgroup);
   const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
   k_state.template advance<Traits::kStages>(skipped);
   v_state.template advance<Traits::kStages>(skipped);
