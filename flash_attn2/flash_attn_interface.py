@@ -34,10 +34,11 @@ def _check_unsupported(dropout_p, softcap, alibi_slopes, block_table=None):
         raise NotImplementedError("flash_attn2: block_table (paged KV cache) is not supported yet; pass block_table=None")
 
 
-def _causal_from_window(causal: bool, window_size, max_seqlen_k: int) -> bool:
-    """flash-attn's window semantics; only the windows that mean 'none' or 'causal' are supported yet."""
+def _window(causal: bool, window_size, max_seqlen_k: int) -> tuple[bool, int, int]:
+    """flash-attn's window semantics -> (causal, left, right): a negative side, or one at least max_seqlen_k
+    wide, is unbounded (-1); causal sets right = 0; a window of (-1, 0) is causal."""
     if window_size == (-1, -1):  # the default, on every call
-        return causal
+        return causal, -1, -1
     try:
         left, right = (int(w) for w in window_size)
     except (TypeError, ValueError):
@@ -46,10 +47,7 @@ def _causal_from_window(causal: bool, window_size, max_seqlen_k: int) -> bool:
     right = -1 if right < 0 or right >= max_seqlen_k else right
     if causal:
         right = 0
-    if left == -1 and right in (-1, 0):
-        return right == 0
-    raise NotImplementedError(f"flash_attn2: window_size={tuple(window_size)} (sliding-window attention) is not "
-                              "supported yet; only (-1, -1), or (-1, 0) which is causal")
+    return left == -1 and right == 0, left, right
 
 
 def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
@@ -90,23 +88,25 @@ def _checking_inputs() -> bool:
 
 
 def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                        out=None, softmax_lse=None):
-    """Checked inputs -> (out, softmax_lse), written into out / softmax_lse when given (head dim a multiple of 8)."""
+                        out=None, softmax_lse=None, window=(-1, -1)):
+    """Checked inputs -> (out, softmax_lse), written into out / softmax_lse when given (head dim a multiple of 8);
+    window: (left, right) as the kernels take it (-1 unbounded; causal sets right to 0)."""
     if out is None:
-        return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, False)
+        return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window,
+                        False)
     _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal)
+                     causal, *window)
     return out, softmax_lse
 
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         softmax_scale, causal, deterministic, dq=None, dk=None, dv=None):
+                         softmax_scale, causal, deterministic, dq=None, dk=None, dv=None, window=(-1, -1)):
     """The forward's tensors and dout -> (dq, dk, dv), written into dq / dk / dv when given."""
     if dq is None:
         return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, causal, deterministic)
+                        softmax_scale, causal, *window, deterministic)
     _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, softmax_scale, causal, deterministic)
+                     max_seqlen_k, softmax_scale, causal, *window, deterministic)
     return dq, dk, dv
 
 
@@ -121,7 +121,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         max_seqlen_q = max_seqlen_k = 0  # unused: the shapes give the lengths
     # No sequence is longer than k's rows (dim -3 of a valid k, fixed-length or varlen): a window at least
     # that wide is no window.
-    causal = _causal_from_window(bool(causal), window_size, k.shape[-3] if k.dim() >= 3 else 0)
+    causal, left, right = _window(bool(causal), window_size, k.shape[-3] if k.dim() >= 3 else 0)
     scale = _softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     checking_values = varlen and _checking_inputs()
     if not q.is_cuda or checking_values:
@@ -132,8 +132,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
             _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
         if not q.is_cuda:
             raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
-    out, softmax_lse = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal,
-                                bool(deterministic))
+    out, softmax_lse = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, left,
+                                right, bool(deterministic))
     # S_dmask carries the dropout pattern in flash-attn; without dropout it is None there too.
     return (out, softmax_lse, None) if return_attn_probs else out
 
@@ -147,7 +147,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     """q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
 
     causal aligns the mask to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
-    A query row that sees no key gets output 0 and softmax_lse -inf. Returns out (batch, seqlen_q, nheads,
+    window_size=(left, right), aligned the same way: query i sees key j iff
+    i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right (-1: unbounded; causal sets right
+    to 0); only key blocks inside the window are computed. A query row that sees no key gets output 0 and
+    softmax_lse -inf. Returns out (batch, seqlen_q, nheads,
     headdim); with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q) fp32, None).
     """
     return _attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,

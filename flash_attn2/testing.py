@@ -11,11 +11,13 @@ import math
 import torch
 
 
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window=(-1, -1)):
     """q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in q's dtype, lse (b, h, sq) fp32.
 
     upcast=True computes in float32 (the reference); False in the inputs' dtype, the way PyTorch's own
-    fp16/bf16 attention would. Causal is bottom-right aligned; rows that see no key give 0 and -inf.
+    fp16/bf16 attention would. Causal and window=(left, right) (-1: unbounded) are bottom-right aligned:
+    query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, right = 0 when causal. Rows that
+    see no key give 0 and -inf.
     """
     dtype = q.dtype
     if upcast:  # to float32, or keep float64
@@ -26,23 +28,28 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True):
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     scores = torch.einsum("bthd,bshd->bhts", q * scale, k)
     sq, sk = q.shape[1], k.shape[1]
-    if causal:
-        row = torch.arange(sq, device=q.device).view(-1, 1)
-        col = torch.arange(sk, device=q.device).view(1, -1)
-        scores = scores.masked_fill(col > row + sk - sq, -math.inf)
+    left, right = window
+    right = 0 if causal else right
+    diag = torch.arange(sq, device=q.device).view(-1, 1) + sk - sq  # row i's diagonal key
+    col = torch.arange(sk, device=q.device).view(1, -1)
+    if right >= 0:
+        scores = scores.masked_fill(col > diag + right, -math.inf)
+    if left >= 0:
+        scores = scores.masked_fill(col < diag - left, -math.inf)
     lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     attn = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
     out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
     return out.to(dtype), lse
 
 
-def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, upcast=True):
+def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, upcast=True,
+                         window=(-1, -1)):
     """Packed q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q)."""
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         o, l = attention_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
-                             causal, softmax_scale, upcast)
+                             causal, softmax_scale, upcast, window)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)

@@ -25,9 +25,6 @@ def varlen_args(device="cpu"):
     (dict(dropout_p=0.1), "dropout_p"),
     (dict(softcap=30.0), "softcap"),
     (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
-    (dict(window_size=(8, 8)), "window_size"),
-    (dict(window_size=(-1, 4)), "window_size"),
-    (dict(window_size=(3, 0), causal=True), "window_size"),
 ])
 def test_unsupported_options_raise_not_implemented(kwargs, match):
     with pytest.raises(NotImplementedError, match=match):
@@ -40,7 +37,13 @@ def test_extension_errors_format_numbers():
     torch's shared one)."""
     q = torch.randn(2, 16, 64, dtype=BF16)
     with pytest.raises(RuntimeError, match="q must have 4 dimensions, got 3"):
-        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False)
+        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1)
+
+
+@pytest.mark.parametrize("window_size", [(8,), (1, 2, 3), "ab", (None, 0), 5])
+def test_bad_window_size(window_size):
+    with pytest.raises(ValueError, match="window_size must be a pair of ints"):
+        flash_attn2.flash_attn_func(*qkv(), window_size=window_size)
 
 
 def test_block_table_not_implemented():

@@ -116,13 +116,6 @@ def test_strided_inputs_and_scale(dtype):
     assert within_tolerance(out, out_ref, out_pt)[0]
 
 
-def test_window_that_means_causal():
-    require_kernel(64, torch.bfloat16)
-    q, k, v = (randn(1, 200, 2, 64, dtype=torch.bfloat16) for _ in range(3))
-    torch.testing.assert_close(flash_attn2.flash_attn_func(q, k, v, window_size=(-1, 0)),
-                               flash_attn2.flash_attn_func(q, k, v, causal=True), atol=0, rtol=0)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])

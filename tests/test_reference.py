@@ -8,7 +8,7 @@ import flash_attn2
 from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error, within_tolerance
 
 
-def naive(q, k, v, causal, scale):
+def naive(q, k, v, causal, scale, window=(-1, -1)):
     b, sq, h, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
     out = torch.zeros_like(q)
@@ -16,7 +16,9 @@ def naive(q, k, v, causal, scale):
     for bi in range(b):
         for hi in range(h):
             for i in range(sq):
-                keys = [j for j in range(sk) if not causal or j <= i + sk - sq]
+                left, right = window[0], 0 if causal else window[1]
+                keys = [j for j in range(sk) if (right < 0 or j <= i + sk - sq + right) and
+                        (left < 0 or j >= i + sk - sq - left)]
                 if not keys:
                     continue
                 s = torch.stack([(q[bi, i, hi] * k[bi, j, hi // (h // hk)]).sum() * scale for j in keys])
@@ -38,6 +40,20 @@ def test_reference_matches_naive_bottom_right_causal():
     # sq > sk, causal: the first sq - sk rows see no key -> 0 and -inf.
     out, lse = attention_ref(*(torch.randn(1, n, 1, 8, dtype=torch.float64) for n in (7, 5, 5)), causal=True)
     assert (out[0, :2] == 0).all() and (lse[0, 0, :2] == -math.inf).all() and lse[0, 0, 2:].isfinite().all()
+
+
+def test_reference_matches_naive_window():
+    """Sliding windows, bottom-right aligned, with and without causal; sq != sk both ways (rows that see no
+    key among them)."""
+    for sq, sk, causal, window in [(6, 9, False, (2, 1)), (9, 6, False, (0, 0)), (7, 7, True, (3, -1)),
+                                   (5, 8, False, (-1, 2)), (8, 5, False, (1, -1)), (4, 4, False, (0, 5))]:
+        q = torch.randn(2, sq, 4, 8, dtype=torch.float64)
+        k = torch.randn(2, sk, 2, 8, dtype=torch.float64)
+        v = torch.randn(2, sk, 2, 8, dtype=torch.float64)
+        out, lse = attention_ref(q, k, v, causal, 0.5, window=window)
+        out_n, lse_n = naive(q, k, v, causal, 0.5, window)
+        torch.testing.assert_close(out, out_n)
+        torch.testing.assert_close(lse, lse_n)
 
 
 def test_varlen_reference_is_per_sequence():

@@ -26,6 +26,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
 
 import flash_attn2  # noqa: E402
 from flash_attn2.integrations import transformers as integration  # noqa: E402
+from flash_attn2.flash_attn_interface import _window  # noqa: E402
 from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,7 +59,8 @@ def backend(request, monkeypatch):
             return flash_attn2.flash_attn_func(q, k, v, **kwargs)
         with pytest.raises(ValueError, match="CUDA tensors"):  # every argument check but the device's passes
             flash_attn2.flash_attn_func(q, k, v, **kwargs)
-        return attention_ref(q, k, v, kwargs["causal"], kwargs["softmax_scale"])[0]
+        causal, window = reference_mask(kwargs, k.shape[1])
+        return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window)[0]
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
         calls.append(("varlen", q.dtype, cu_q.tolist()))
@@ -67,7 +69,8 @@ def backend(request, monkeypatch):
         with pytest.raises(ValueError, match="CUDA tensors"):
             flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
         assert (max_q, max_k) == (int(cu_q.diff().max()), int(cu_k.diff().max()))
-        return attention_ref_varlen(q, k, v, cu_q, cu_k, kwargs["causal"], kwargs["softmax_scale"])[0]
+        causal, window = reference_mask(kwargs, max_k)
+        return attention_ref_varlen(q, k, v, cu_q, cu_k, causal, kwargs["softmax_scale"], window=window)[0]
 
     monkeypatch.setattr(integration, "flash_attn_func", dense)
     monkeypatch.setattr(integration, "flash_attn_varlen_func", varlen)
@@ -75,9 +78,15 @@ def backend(request, monkeypatch):
                            config=GPU_CONFIG if cuda else CPU_CONFIG, seq_len=100 if cuda else 16, calls=calls)
 
 
-def tiny_llama(backend):
+def reference_mask(kwargs, seqlen_k):
+    """(causal, window) for the reference from the kernel call's arguments, by flash-attn's window rules."""
+    causal, left, right = _window(kwargs["causal"], kwargs.get("window_size", (-1, -1)), seqlen_k)
+    return causal, (left, right)
+
+
+def tiny_llama(backend, config_class=LlamaConfig, **config):
     """Model under test (flash_attn2), an fp32 sdpa copy (the reference) and a bf16 sdpa copy, same weights."""
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**backend.config), attn_implementation=NAME)
+    model = AutoModelForCausalLM.from_config(config_class(**backend.config, **config), attn_implementation=NAME)
     model = model.to(backend.device, backend.dtype).eval()
     ref, lowp = copy.deepcopy(model).float(), copy.deepcopy(model).to(torch.bfloat16)
     for m in (ref, lowp):
@@ -128,6 +137,27 @@ def test_logits_match_sdpa(backend, padding, cache):
     # The mask hook hands None when every key slot holds a token (dense kernel), else the 2-D mask (varlen).
     assert {kind for kind, *_ in backend.calls} == {"varlen" if padding or cache == "static" else "dense"}
     assert {dtype for _, dtype, _ in backend.calls} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_sliding_window_matches_sdpa(backend, padding):
+    """A tiny Mistral (sliding window shorter than the sequence): prefill and one decode step through the KV
+    cache, against sdpa's sliding-window mask; the kernels get the window transformers' flash path passes."""
+    window = backend.seq_len // 4
+    model, ref, lowp = tiny_llama(backend, MistralConfig, sliding_window=window)
+    ids, mask = padded_batch(backend, padding)
+    next_ids = torch.randint(backend.config["vocab_size"], (3, 1), device=backend.device)
+    next_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    logits = []
+    with torch.no_grad():
+        for m in (model, ref, lowp):
+            out = m(input_ids=ids, attention_mask=mask, use_cache=True)
+            step = m(input_ids=next_ids, attention_mask=next_mask, past_key_values=out.past_key_values)
+            logits.append((out.logits[mask.bool()].float(), step.logits[:, -1].float()))
+    (prefill, decode), (prefill_ref, decode_ref), (prefill_lowp, decode_lowp) = logits
+    check(prefill, prefill_ref, prefill_lowp, LOGITS_ATOL, "prefill logits")
+    check(decode, decode_ref, decode_lowp, LOGITS_ATOL, "decode logits")
+    assert backend.calls, "the kernels never ran"
 
 
 @pytest.mark.parametrize("rows, use_cache", [([[37, 64, 23]], False), ([[37, 64, 23]], True),
@@ -283,7 +313,6 @@ def test_integration_without_transformers_says_how_to_install():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(sliding_window=4), NotImplementedError, "sliding_window=4"),
     (dict(softcap=30.0), NotImplementedError, "softcap=30.0"),
     (dict(dropout=0.1), NotImplementedError, "dropout=0.1 while training"),
     (dict(s_aux=torch.zeros(4)), NotImplementedError, r"sinks \(s_aux\)"),
@@ -292,7 +321,7 @@ def test_integration_without_transformers_says_how_to_install():
     (dict(attention_mask=torch.ones(1, 1, 8, 12, dtype=torch.bool)), NotImplementedError, "custom 4-D masks"),
     (dict(position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])), NotImplementedError, "packed sequences.*KV cache"),
     (dict(cu_seq_lens_q=torch.tensor([0, 8])), ValueError, "cu_seq_lens_q must come as all four"),
-], ids=["sliding_window", "softcap", "dropout", "s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
+], ids=["softcap", "dropout", "s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
         "packed_with_cache", "partial_cu_seq_lens"])
 def test_unsupported_arguments_raise(kwargs, error, match):
     model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME).train()
@@ -305,10 +334,9 @@ def test_unsupported_arguments_raise(kwargs, error, match):
 
 
 @pytest.mark.parametrize("config, train, kwargs, match", [
-    (MistralConfig(**CPU_CONFIG, sliding_window=8), False, {}, "sliding_window=8"),
     (LlamaConfig(**CPU_CONFIG, attention_dropout=0.1), True, {}, "dropout=0.1 while training"),
     (LlamaConfig(**CPU_CONFIG), False, {"output_attentions": True}, "output_attentions=True"),
-], ids=["sliding_window", "dropout", "output_attentions"])
+], ids=["dropout", "output_attentions"])
 def test_unsupported_model_options_raise(config, train, kwargs, match):
     model = AutoModelForCausalLM.from_config(config, attn_implementation=NAME).train(train)
     with pytest.raises(NotImplementedError, match=match):

@@ -30,7 +30,7 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   if [ -n "${AB_WHEELS:-}" ]; then  # the new wheel timed against carried ones (last letter) before the tests
     WHEELS="$AB_WHEELS $(ls $OUT/wheel/flash_attn2-*.whl)" timeout ${AB_S:-200} bash benchmarks/dev/ab_wheels.sh 2>&1 | tee $OUT/ab.log
   fi
-  timeout ${PYTEST_S:-330} python3 -m pytest tests -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
+  timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
   for script in sanitize_fwd sanitize_bwd; do for tool in memcheck racecheck; do
     echo -n "$script $tool: " | tee -a $OUT/summary.txt

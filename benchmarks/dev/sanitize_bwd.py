@@ -7,12 +7,12 @@ for d in (32, 64, 96, 128, 160, 192, 224, 256):
         flash_attn_func(*(torch.randn(1, 1, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)))
     except NotImplementedError:
         continue
-    for causal in (False, True):
+    for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (40, 7)), (True, (90, 0))):
         q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        flash_attn_func(q, k, v, causal=causal).sum().backward()
+        flash_attn_func(q, k, v, causal=causal, window_size=window).sum().backward()
         cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
         qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal).sum().backward()
+        flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window).sum().backward()
 torch.cuda.synchronize()
 print("small: ok")

@@ -20,11 +20,13 @@ called any number of times. Developed against transformers 5.17, whose own flash
   attend across the packed rows' sequences, and so does this);
 - float32 q/k/v (a model left in float32, PEFT's fp32 norms) run in the half dtype transformers' flash
   path picks, bfloat16 where that is float32 too, and the output is cast back;
-- GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured.
+- GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured;
+- a sliding window (`sliding_window`, e.g. Mistral) as transformers' flash path passes it: (w - 1, w - 1),
+  which causal makes (w - 1, 0).
 
-What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: a sliding
-window, softcap, attention dropout while training, attention sinks (`s_aux`), `output_attentions=True`,
-a 4-D (custom) attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and
+What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: softcap,
+attention dropout while training, attention sinks (`s_aux`), `output_attentions=True`, a 4-D (custom)
+attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and
 any other non-None keyword argument not listed in `_NOT_FOR_ATTENTION`.
 """
 
@@ -132,6 +134,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         "softmax_scale": scaling,
         # is_causal as a kwarg overrides the module's (decoders used as encoders); sdpa's default
         "causal": getattr(module, "is_causal", True) if is_causal is None else bool(is_causal),
+        # transformers' flash path: sliding_window counts the query's own key; causal makes it (w - 1, 0)
+        "window_size": (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1),
         # transformers' flash path reads the same variable
         "deterministic": (os.getenv("FLASH_ATTENTION_DETERMINISTIC", "0") == "1" if deterministic is None
                           else bool(deterministic)),
@@ -162,9 +166,6 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
 
 def _check_supported(module, attention_mask, dropout, sliding_window, softcap, s_aux, output_attentions, kwargs):
     """Raise for what flash_attn2 cannot honour, before any tensor work (so it also raises on CPU)."""
-    if sliding_window is not None:
-        raise NotImplementedError(f"flash_attn2: sliding_window={sliding_window} (sliding-window attention) is "
-                                  "not supported yet" + _USE_INSTEAD)
     if softcap is not None and softcap != 0:
         raise NotImplementedError(f"flash_attn2: softcap={softcap} (attention logit soft-capping) is not supported "
                                   "yet" + _USE_INSTEAD)

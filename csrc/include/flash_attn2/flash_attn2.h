@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 3
+#define FLASH_ATTN2_PARAMS_VERSION 4
 
 namespace flash_attn2 {
 
@@ -60,6 +60,10 @@ struct FwdParams {
   // Causal mask aligned to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
   bool causal;
   DType dtype;
+  // Sliding window (flash-attn's window_size), aligned like causal: query i sees key j iff
+  // i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right (per sequence for
+  // varlen). -1: unbounded on that side; causal sets window_right to 0.
+  int window_left = -1, window_right = -1;
 
   // Optional: one int of device memory a fixed-length causal forward on Hopper may use to hand query tiles
   // to its persistent blocks as they free up, instead of in a fixed order (up to ~10% faster where tiles

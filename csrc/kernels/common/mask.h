@@ -1,27 +1,67 @@
-// Sets S to -inf where a key is past the sequence end or (causal) above the bottom-right diagonal.
+// Which keys each query row sees (Window), and S set to -inf where it sees none (Mask).
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
+#include "flash_attn2/flash_attn2.h"
+
 namespace flash_attn2 {
 
-struct Mask {
+// flash-attn's window, aligned to the bottom-right corner like causal: row i sees key j < len_k iff
+// i + diag - left <= j <= i + diag + right, diag = len_k - len_q; causal is right = 0. A side at least as
+// wide as the sequences (left >= len_k, right >= len_q, or -1) is unbounded. Kept as the two rows where the
+// edges meet the sequence's corners, so that no sum below leaves 32 bits for lengths up to kMaxSeqlen.
+struct Window {
   int len_q, len_k;
-  bool causal;
+  int right_row;  // len_q - 1 - right: rows from here on see the last key (-1 when unbounded)
+  int left_row;   // len_q - len_k + left: rows up to here see the first key (>= len_q - 1 when unbounded)
+
+  __host__ __device__ Window(int len_q_, int len_k_, const FwdParams& p)
+      : len_q(len_q_), len_k(len_k_),
+        right_row(p.causal ? len_q_ - 1 : p.window_right < 0 || p.window_right >= len_q_ ? -1 : len_q_ - 1 - p.window_right),
+        left_row(p.window_left < 0 || p.window_left >= len_k_ ? len_q_ : len_q_ - len_k_ + p.window_left) {}
+
+  // Row i sees keys [key_begin(i), key_end(i)); empty when key_begin >= key_end.
+  __host__ __device__ int key_begin(int row) const { return max(0, row - left_row); }
+  __host__ __device__ int key_end(int row) const { return len_k - max(0, right_row - row); }
+  // Key j is seen by rows [row_begin(j), row_end(j)) (j < len_k).
+  __host__ __device__ int row_begin(int key) const { return max(0, (key - len_k + 1) + right_row); }
+  __host__ __device__ int row_end(int key) const { return len_q - max(0, (len_q - 1 - left_row) - key); }
+};
+
+// Which edges a step masks: none (blocks inside the window), the right one (the causal diagonal or the
+// window's right edge, and the sequence end), or both (blocks a left window edge crosses). Only the last
+// compares twice per element, so only steps that need it pay for it in registers.
+using MaskNone = std::integral_constant<int, 0>;
+using MaskRight = std::integral_constant<int, 1>;
+using MaskBoth = std::integral_constant<int, 2>;
+
+// Whether a window has a left edge at all: the forwards take the steps that mask it (MaskBoth) only in
+// kernels built for it, so that the others keep their code as it was without windows.
+__host__ __device__ inline bool has_left_edge(const FwdParams& p) { return p.window_left >= 0; }
+
+struct Mask {
+  Window window;
 
   // S and coord are one thread's fragment of the S tile in (row, col) view; coord holds tile coordinates.
-  template <class TensorS, class TensorC>
-  __device__ void apply(TensorS& S, TensorC const& coord, int row0, int col0) const {
+  template <class Edges, class TensorS, class TensorC>
+  __device__ void apply(Edges, TensorS& S, TensorC const& coord, int row0, int col0) const {
     static_assert(decltype(cute::rank(S))::value == 2);
-    CUTE_UNROLL
-    for (int r = 0; r < cute::size<0>(S); ++r) {
-      const int row = row0 + cute::get<0>(coord(r, 0));
-      const int col_end = causal ? min(len_k, row + 1 + len_k - len_q) : len_k;
+    if constexpr (Edges::value != MaskNone::value) {
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(S); ++c) {
-        if (col0 + cute::get<1>(coord(r, c)) >= col_end) S(r, c) = -INFINITY;
+      for (int r = 0; r < cute::size<0>(S); ++r) {
+        const int row = row0 + cute::get<0>(coord(r, 0));
+        // The row's visible keys in tile columns: [begin, end).
+        const int begin = Edges::value == MaskBoth::value ? window.key_begin(row) - col0 : 0;
+        const int end = window.key_end(row) - col0;
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(S); ++c) {
+          const int col = cute::get<1>(coord(r, c));
+          if (col >= end || (Edges::value == MaskBoth::value && col < begin)) S(r, c) = -INFINITY;
+        }
       }
     }
   }

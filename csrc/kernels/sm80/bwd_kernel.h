@@ -160,11 +160,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   Tensor tdQsdS = smem_copy_a_dq.get_thread_slice(tid).partition_S(sdS);  // (CPY, CPY_M, CPY_N)
   Tensor tdQsKt = smem_copy_b_dq.get_thread_slice(tid).partition_S(sKt);  // (CPY, CPY_D, CPY_N)
 
-  const Mask mask{seq.len_q, seq.len_k, p.causal};
+  const Window window(seq.len_q, seq.len_k, p);
+  const Mask mask{window};
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
 
   for (int n_block = split; n_block * kBlockN < seq.len_k; n_block += num_splits) {
-    const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
+    const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(window, n_block);
     Tensor gK = local_tile(mK, TileKV{}, make_coord(n_block, 0));  // (kBlockN, D)
     Tensor gV = local_tile(mV, TileKV{}, make_coord(n_block, 0));  // (kBlockN, D)
     const int keys_left = seq.len_k - n_block * kBlockN;
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     };
 
     // One query block of head h0 + dh: S, dP -> P, dS -> dV, dK, dQ. Q[m] and dO[m] sit in stage s.
-    auto step = [&](int dh, int m_block, int s, auto masked) {
+    auto step = [&](int dh, int m_block, int s, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
       const int row0 = m_block * kBlockM;
       const QueryBlock next = next_block(dh, m_block);
       const bool has_next = next.dh < group;
@@ -215,7 +216,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
-      if constexpr (decltype(masked)::value) mask.apply(S, tScS, row0, n_block * kBlockN);
+      mask.apply(edges, S, tScS, row0, n_block * kBlockN);
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         CUTE_UNROLL
@@ -277,10 +278,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
     int s = 0;
     for (int dh = 0; dh < group; ++dh) {
       int m_block = blocks.m_max - 1;
-      for (; m_block >= blocks.m_min && m_block >= blocks.m_unmasked_min; --m_block, s ^= 1) {
-        step(dh, m_block, s, false_type{});
-      }
-      for (; m_block >= blocks.m_min; --m_block, s ^= 1) step(dh, m_block, s, true_type{});
+      for (; m_block >= blocks.m_unmasked_max; --m_block, s ^= 1) step(dh, m_block, s, MaskBoth{});
+      for (; m_block >= blocks.m_unmasked_min; --m_block, s ^= 1) step(dh, m_block, s, MaskNone{});
+      for (; m_block >= blocks.m_min; --m_block, s ^= 1) step(dh, m_block, s, MaskRight{});
     }
 
     if (head_splits > 1) {  // this block's share: fp32 pair reductions (scaled and converted afterwards)

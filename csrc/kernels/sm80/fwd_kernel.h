@@ -19,8 +19,9 @@
 namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
-// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q.
-template <class Traits>
+// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kLeftEdge: the window has a left
+// edge (has_left_edge), whose blocks mask both edges.
+template <class Traits, bool kLeftEdge>
 __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenInfo& seq, int bidb, int bidh,
                                          int m_block) {
   using namespace cute;
@@ -31,7 +32,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
   const int tid = threadIdx.x;
   const int bidh_k = bidh / (params.num_heads / params.num_heads_k);
-  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN>(seq.len_q, seq.len_k, m_block, params.causal);
+  const Window window(seq.len_q, seq.len_k, params);
+  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN, kLeftEdge>(window, m_block);
   const int rows_left = seq.len_q - m_block * kBlockM;
 
   Tensor mQ = gmem_rows<kHeadDim>(static_cast<const Element*>(params.q) + seq.offset_q(params.q_batch_stride, params.q_row_stride, bidb) +
@@ -97,20 +99,20 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);  // (CPY, CPY_D, CPY_N)
 
   Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
-  const Mask mask{seq.len_q, seq.len_k, params.causal};
+  const Mask mask{window};
   OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(params.softmax_scale);
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
-  auto step = [&](int n_block, auto masked) {
+  auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
     Tensor acc_s = partition_fragment_C(mma, TileS{});  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
     cp_async_wait<0>();
     __syncthreads();  // K[n] has landed, and every warp is done reading V[n + 1]
-    load_v(n_block, masked);
+    load_v(n_block, bool_constant<decltype(edges)::value != MaskNone::value>{});  // the last block may be cut
     cp_async_fence();
     gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, tSsK, smem_copy_k);
     Tensor S = rowcol_view(acc_s);
-    if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed, and every warp is done reading K[n]
     if (n_block > blocks.n_min) {
@@ -130,8 +132,18 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     cp_async_fence();
   }
   int n_block = blocks.n_max - 1;
-  for (; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
-  for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+  if constexpr (kLeftEdge) {  // one loop and one masked step for both edges: fewer copies, fewer spills
+    for (; n_block >= blocks.n_min; --n_block) {
+      if (n_block >= blocks.n_masked_min || n_block < blocks.n_unmasked_min) {
+        step(n_block, MaskBoth{});
+      } else {
+        step(n_block, MaskNone{});
+      }
+    }
+  } else {
+    for (; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
+    for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskNone{});
+  }
 
   // Epilogue: normalize, stage O through shared memory for 16-byte stores, write the LSE.
   float row_lse[decltype(size<0>(tScS))::value];
@@ -162,7 +174,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   store_tile(gmem_copy_o, tOrO, tOgO, tOcO, rows_left, params.head_dim);
 }
 
-template <class Traits>
+template <class Traits, bool kLeftEdge>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
   const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
   if (params.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
@@ -171,7 +183,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
                         params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,
                         int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
   }
-  if (tile.valid) fwd_tile<Traits>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
+  if (tile.valid) fwd_tile<Traits, kLeftEdge>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
 }
 
 }  // namespace flash_attn2

@@ -57,7 +57,6 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
   constexpr int kCols = decltype(size<1>(tScS))::value;
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
-  const int diag = seq.len_k - seq.len_q;
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
   auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
@@ -116,10 +115,20 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
     // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
     auto softmax = [&](auto masked) {
+      // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
+      int rows_begin[size<0>(St)], rows_end[size<0>(St)];
+      if constexpr (decltype(masked)::value) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(St); ++r) {
+          const int key = key0 + get<0>(tScS(r, 0));
+          rows_begin[r] = work.window.row_begin(key) - row0;
+          rows_end[r] = key < seq.len_k ? work.window.row_end(key) - row0 : 0;
+        }
+      }
       auto keep = [&](int r, int c) {
         if constexpr (decltype(masked)::value) {
-          const int key = key0 + get<0>(tScS(r, 0)), row = row0 + get<1>(tScS(r, c));
-          return row < seq.len_q && key < seq.len_k && !(p.causal && key > row + diag);
+          const int row = get<1>(tScS(r, c));
+          return row >= rows_begin[r] && row < rows_end[r];
         } else {
           return true;
         }
@@ -145,7 +154,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
         }
       }
     };
-    if (m_block < work.blocks.m_unmasked_min || row0 + kBlockM > seq.len_q) {
+    if (m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q) {
       softmax(std::true_type{});
     } else {
       softmax(std::false_type{});

@@ -67,7 +67,6 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
   const float scale_log2 = p.softmax_scale * float(M_LOG2E);
-  const int diag = seq.len_k - seq.len_q;
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
   using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
   auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
@@ -104,10 +103,20 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     // P = exp2(S scale log2e - LSE log2e) while dP runs, then dS = P o (dP - D); where a pair may be hidden
     // (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
     auto softmax = [&](auto masked) {
+      // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
+      int keys_begin[kRows], keys_end[kRows];
+      if constexpr (decltype(masked)::value) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = row0 + get<0>(tScS(r, 0));
+          keys_begin[r] = work.window.key_begin(row) - key0;
+          keys_end[r] = row < seq.len_q ? work.window.key_end(row) - key0 : 0;
+        }
+      }
       auto keep = [&](int r, int c) {
         if constexpr (decltype(masked)::value) {
-          const int row = row0 + get<0>(tScS(r, c)), key = key0 + get<1>(tScS(r, c));
-          return row < seq.len_q && key < seq.len_k && !(p.causal && key > row + diag);
+          const int key = get<1>(tScS(r, c));
+          return key >= keys_begin[r] && key < keys_end[r];
         } else {
           return true;
         }
@@ -133,7 +142,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         }
       }
     };
-    if (m_block < work.blocks.m_unmasked_min || row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k) {
+    if (m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k) {
       softmax(std::true_type{});
     } else {
       softmax(std::false_type{});

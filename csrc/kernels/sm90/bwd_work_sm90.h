@@ -48,20 +48,22 @@ template <class Traits>
 struct BwdWork {
   int bidb, bidh_k, h0, heads, n_block, steps;
   SeqlenInfo seq;
+  Window window;
   BwdBlockRange blocks;
   bool varlen;
   int batch_index;  // of the (rows, D, heads, batch) TMA tensors: 0 for varlen
 
   // With head splits, consecutive blocks share a key block, each with its part of the query-head group.
   __device__ BwdWork(const BwdParams& p, const QueryTile& tile, int head_splits)
-      : bidb(tile.bidb), bidh_k(tile.bidh), seq(p, tile.bidb), varlen(p.cu_seqlens_q != nullptr) {
+      : bidb(tile.bidb), bidh_k(tile.bidh), seq(p, tile.bidb), window(seq.len_q, seq.len_k, p),
+        varlen(p.cu_seqlens_q != nullptr) {
     constexpr int kBlockN = Traits::kBlockN;
     heads = p.num_heads / p.num_heads_k / head_splits;  // query heads of this block
     h0 = bidh_k * heads * head_splits + int(blockIdx.x) % head_splits * heads;
     // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
     // first block is seen by the most query rows, so the order is reversed: longest work first.
     n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.m_block;
-    blocks = bwd_block_range<Traits::kBlockM, kBlockN>(seq.len_q, seq.len_k, n_block, p.causal);
+    blocks = bwd_block_range<Traits::kBlockM, kBlockN>(window, n_block);
     steps = heads * max(0, blocks.m_max - blocks.m_min);
     batch_index = varlen ? 0 : bidb;
   }

@@ -26,14 +26,16 @@ namespace sm90 {
 enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
 
 // The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
-// the causal diagonal of its own rows; none for rows past the sequence. Empty when n_max == n_min.
-template <class Traits>
-__device__ BlockRange warpgroup_block_range(const SeqlenInfo& seq, const BlockRange& tile_blocks, int m_block,
-                                            int warpgroup, bool causal) {
+// the window's right edge for its own rows; none for rows past the sequence. Empty when n_max == n_min.
+// Blocks before its own rows' left edge stay (the stages go round in order), masked.
+template <class Traits, bool kLeftEdge>
+__device__ BlockRange warpgroup_block_range(const Window& window, const BlockRange& tile_blocks, int m_block,
+                                            int warpgroup) {
   const int row_block = m_block * Traits::kConsumerWarpgroups + warpgroup;  // in units of 64 rows
-  BlockRange blocks = fwd_block_range<64, Traits::kBlockN>(seq.len_q, seq.len_k, row_block, causal);
+  if (row_block * 64 >= window.len_q) return {tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min};
+  BlockRange blocks = fwd_block_range<64, Traits::kBlockN, kLeftEdge>(window, row_block);
   blocks.n_min = tile_blocks.n_min;
-  blocks.n_max = row_block * 64 < seq.len_q ? max(blocks.n_min, min(blocks.n_max, tile_blocks.n_max)) : blocks.n_min;
+  blocks.n_max = max(blocks.n_min, min(blocks.n_max, tile_blocks.n_max));
   return blocks;
 }
 
@@ -41,7 +43,7 @@ __device__ BlockRange warpgroup_block_range(const SeqlenInfo& seq, const BlockRa
 // once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
 // `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
 // (they skip it). The pipeline states carry over from tile to tile.
-template <class Traits>
+template <class Traits, bool kLeftEdge>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
                                  PipelineState& state, uint32_t q_phase, bool leader) {
@@ -74,10 +76,11 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor tVsV = get<1>(tV);  // (TMA, stages)
 
   // The warpgroups past their last block (n >= n_max of their rows) skip it; every block is someone's.
+  const Window window(seq.len_q, seq.len_k, p);
   int wg_n_max[Traits::kConsumerWarpgroups];
   CUTE_UNROLL
   for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
-    wg_n_max[w] = warpgroup_block_range<Traits>(seq, blocks, m_block, w, p.causal).n_max;
+    wg_n_max[w] = warpgroup_block_range<Traits, kLeftEdge>(window, blocks, m_block, w).n_max;
   }
   auto release_for_skippers = [&](uint64_t* empty, int n_block) {
     CUTE_UNROLL
@@ -139,7 +142,8 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-template <class Traits>
+// kLeftEdge: the window has a left edge (has_left_edge), whose blocks mask both edges.
+template <class Traits, bool kLeftEdge>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
                                  int m_block, int thread, PipelineState& k_state, PipelineState& v_state,
@@ -169,7 +173,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
 
   Tensor tScS = rowcol_view(thr_s.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (rows, cols) -> tile coords
   constexpr int kRows = decltype(size<0>(tScS))::value;
-  const Mask mask{seq.len_q, seq.len_k, p.causal};
+  const Window window(seq.len_q, seq.len_k, p);
+  const Mask mask{window};
   OnlineSoftmax<kRows> softmax(p.softmax_scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
@@ -198,7 +203,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     int readers = 0, zeroer = 0;
     CUTE_UNROLL
     for (int w = 0; w < kGroups; ++w) {
-      const BlockRange r = warpgroup_block_range<Traits>(seq, tile_blocks, m_block, w, p.causal);
+      const BlockRange r = warpgroup_block_range<Traits, kLeftEdge>(window, tile_blocks, m_block, w);
       if (r.n_max == tile_blocks.n_max && r.n_max > r.n_min) ++readers, zeroer = w;
     }
     if (warpgroup == zeroer) {
@@ -220,19 +225,21 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   auto turn_end = [&] {
     if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + (warpgroup + 1) % kGroups);
   };
-  auto softmax_step = [&](int n_block, auto masked) {
-    if constexpr (decltype(masked)::value) mask.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+  auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
+    mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     softmax.update_scores(S, correction);
   };
   // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
-  auto step = [&](int n_block, auto masked) {
+  auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
     turn_begin();
     issue_qk();
     issue_pv();
     turn_end();
     warpgroup_wait<1>();  // S is done
     release(smem.k_empty, k_state);
-    softmax_step(n_block, masked);
+    // Both edges want two bounds per row: P V goes first, so that P's registers are free for them.
+    if constexpr (decltype(edges)::value == MaskBoth::value) warpgroup_wait<0>();
+    softmax_step(n_block, edges);
     warpgroup_wait<0>();  // P V is done: P's registers and O are free
     release(smem.v_empty, v_state);
     softmax.rescale(O, correction);
@@ -243,7 +250,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   };
 
   // The blocks this warpgroup skips come first (the producer released their stages for it).
-  const BlockRange blocks = warpgroup_block_range<Traits>(seq, tile_blocks, m_block, warpgroup, p.causal);
+  const BlockRange blocks = warpgroup_block_range<Traits, kLeftEdge>(window, tile_blocks, m_block, warpgroup);
   const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
   k_state.template advance<Traits::kStages>(skipped);
   v_state.template advance<Traits::kStages>(skipped);
@@ -258,15 +265,22 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     warpgroup_wait<0>();
     release(smem.k_empty, k_state);
     if (n_block >= blocks.n_masked_min) {
-      softmax_step(n_block, true_type{});
+      softmax_step(n_block, MaskRight{});
+    } else if (kLeftEdge && n_block < blocks.n_unmasked_min) {
+      if constexpr (kLeftEdge) softmax_step(n_block, MaskBoth{});
     } else {
-      softmax_step(n_block, false_type{});
+      softmax_step(n_block, MaskNone{});
     }
     convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
     const int key_tail = blocks.n_max * kBlockN - seq.len_k;  // rows of the sequence's last block past its end
     if (p.cu_seqlens_k != nullptr && key_tail > 0) zero_v_tail(key_tail);  // (only its readers get here)
-    for (--n_block; n_block >= blocks.n_min && n_block >= blocks.n_masked_min; --n_block) step(n_block, true_type{});
-    for (; n_block >= blocks.n_min; --n_block) step(n_block, false_type{});
+    for (--n_block; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
+    if constexpr (kLeftEdge) {
+      for (; n_block >= blocks.n_unmasked_min; --n_block) step(n_block, MaskNone{});
+      for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskBoth{});
+    } else {
+      for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskNone{});
+    }
     if (Traits::kSeparateO) release_q();  // the last S = Q K^T is done: the next tile's Q may load
     turn_begin();
     issue_pv();

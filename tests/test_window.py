@@ -1,0 +1,158 @@
+"""Sliding-window attention (flash-attn's window_size) against a float32 reference (GPU): forward and
+backward, both paths, every compiled head dim and dtype."""
+
+import pytest
+import torch
+
+import flash_attn2
+from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+from flash_attn2.testing import (GRAD_ATOL, attention_ref, attention_ref_varlen, max_error, reference_grads,
+                                 within_tolerance)
+
+from test_forward import (DTYPES, HEAD_DIMS, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel,
+                          varlen_inputs)
+
+pytestmark = pytest.mark.gpu
+
+# (causal, (left, right)) as the kernels take them: one key per row; narrow, crossing a block edge; left or
+# right only; causal with a left edge; wider than the shorter sequence on the right.
+WINDOWS = [(False, (0, 0)), (False, (37, 3)), (False, (200, -1)), (False, (-1, 70)), (True, (130, 0)),
+           (False, (5, 300))]
+WINDOW_IDS = ["0-0", "37-3", "200-inf", "inf-70", "causal-130", "5-300"]
+SEQLENS = [(113, 203), (1023, 1023), (1023, 300), (300, 1023)]
+
+
+def check_out(out, lse, ref_fn):
+    out_ref, lse_ref = ref_fn(True)
+    out_pt, _ = ref_fn(False)
+    ok, err, err_pt = within_tolerance(out, out_ref, out_pt)
+    assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+    lse_err = max_error(lse, lse_ref)
+    assert lse_err <= LSE_ATOL, f"lse error {lse_err:.3e}"
+
+
+def check_grads(grads, ref, ref_pt):
+    for name, g, r, r_pt in zip(("dq", "dk", "dv"), grads, ref, ref_pt):
+        ok, err, err_pt = within_tolerance(g, r, r_pt, atol=GRAD_ATOL)
+        assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
+
+
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window):
+    """Our forward into NaN-poisoned out and LSE."""
+    heads = q.shape[-2]
+    lse_shape = (heads, q.shape[0]) if cu_q is not None else (q.shape[0], heads, q.shape[1])
+    out, lse = poisoned(q.shape, q.dtype), poisoned(lse_shape, torch.float32)
+    return _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal, out, lse,
+                               window=window)
+
+
+def backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic=False, before_backward=None):
+    out, lse = forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window)
+    if before_backward is not None:
+        before_backward()
+    dq, dk, dv = (poisoned(t.shape, t.dtype) for t in (q, k, v))
+    return _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal,
+                                deterministic, dq, dk, dv, window=window)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SEQLENS[:3])
+@pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
+def test_window_fwd(causal, window, seqlen_q, seqlen_k, group, head_dim, dtype):
+    require_kernel(head_dim, dtype)
+    q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, group, head_dim, dtype)
+    out, lse = forward(q, k, v, None, None, seqlen_q, seqlen_k, causal, window)
+    check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, window=window))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [SEQLENS[0], SEQLENS[3]])
+@pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
+def test_window_bwd(causal, window, seqlen_q, seqlen_k, head_dim, dtype):
+    require_kernel(head_dim, dtype)
+    q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
+    dout = randn(*q.shape, dtype=dtype)
+    grads = backward(q, k, v, dout, None, None, seqlen_q, seqlen_k, causal, window)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, window=window)[0],
+                                  (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
+def test_window_varlen(causal, window, head_dim, dtype):
+    """Each sequence's own lengths align its window; zero-length sequences on either side."""
+    require_kernel(head_dim, dtype)
+    lens_q, lens_k = [0, 17, 1, 300, 0, 129], [5, 0, 33, 300, 2, 129]
+    cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 8, 2, head_dim, dtype)
+    out, lse = forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal, window)
+    check_out(out, lse, lambda up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up, window=window))
+    dout = randn(*q.shape, dtype=dtype)
+    grads = backward(q, k, v, dout, cu_q, cu_k, max(lens_q), max(lens_k), causal, window)
+    ref, ref_pt = reference_grads(
+        lambda q, k, v, up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up, window=window)[0], (q, k, v),
+        dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
+def test_window_sm80(causal, window, head_dim, monkeypatch):
+    """The SM80 kernels forced (on sm_90 the Hopper ones serve these head dims): the backward always, the
+    forward where this build has it (sm_90-only builds have it with FLASH_ATTN2_SM80_FWD=1)."""
+    dtype = torch.bfloat16
+    require_kernel(head_dim, dtype)
+    q, k, v = dense_inputs(2, 300, 1023, 8, 4, head_dim, dtype)
+    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+    try:
+        out, lse = forward(q, k, v, None, None, 300, 1023, causal, window)
+        check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, window=window))
+    except NotImplementedError as e:
+        assert "FLASH_ATTN2_SM80_FWD=1" in str(e)
+    monkeypatch.delenv("FLASH_ATTN2_BACKEND")
+    dout = randn(*q.shape, dtype=dtype)
+    grads = backward(q, k, v, dout, None, None, 300, 1023, causal, window,
+                     before_backward=lambda: monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80"))
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, window=window)[0],
+                                  (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
+@pytest.mark.parametrize("causal,window", [(False, (64, 64)), (True, (300, 0))], ids=["64-64", "causal-300"])
+def test_window_public_api_and_deterministic(causal, window):
+    """flash_attn_func's window_size through autograd, a head dim between buckets; deterministic=True gives
+    bitwise-equal gradients with the window."""
+    dtype = torch.bfloat16
+    require_kernel(96, dtype)
+    q = randn(2, 700, 4, 80, dtype=dtype).requires_grad_()
+    k, v = (randn(2, 900, 2, 80, dtype=dtype).requires_grad_() for _ in range(2))
+    dout = randn(*q.shape, dtype=dtype)
+    grads = []
+    for _ in range(3):
+        out = flash_attn2.flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True)
+        (dq, dk, dv) = torch.autograd.grad(out, (q, k, v), dout)
+        grads.append((dq, dk, dv))
+    assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(g, grads[0]))
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, window=window)[0],
+                                  (q, k, v), dout)
+    check_grads(grads[0], ref[1:], ref_pt[1:])
+    out_ref, _ = attention_ref(q, k, v, causal, window=window)
+    out_pt, _ = attention_ref(q, k, v, causal, upcast=False, window=window)
+    assert within_tolerance(out, out_ref, out_pt)[0]
+
+
+def test_window_normalization():
+    """flash-attn's rules: a side at least seqlen_k wide is no window; causal sets right to 0; (-1, 0) is causal."""
+    require_kernel(64, torch.bfloat16)
+    q, k, v = (randn(1, 200, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    full = flash_attn2.flash_attn_func(q, k, v)
+    causal = flash_attn2.flash_attn_func(q, k, v, causal=True)
+    same = lambda a, b: torch.testing.assert_close(a, b, atol=0, rtol=0)  # noqa: E731
+    same(flash_attn2.flash_attn_func(q, k, v, window_size=(-1, 0)), causal)
+    same(flash_attn2.flash_attn_func(q, k, v, window_size=(200, 500)), full)
+    same(flash_attn2.flash_attn_func(q, k, v, window_size=(-5, -7)), full)
+    same(flash_attn2.flash_attn_func(q, k, v, causal=True, window_size=(300, 40)), causal)
