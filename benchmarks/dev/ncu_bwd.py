@@ -1,5 +1,6 @@
-# One flash_attn2 backward per case (bf16; FA2 grid shapes, or a GQA shape), for
-#   ncu -k regex:bwd_kernel_sm90 -c N ... python3 benchmarks/dev/ncu_bwd.py D,CAUSAL,S[,H,H_KV,BATCH] [...]
+# One flash_attn2 backward per case (bf16; FA2 grid shapes, or a GQA shape; WINDOW > 0: causal with
+# window_size=(WINDOW - 1, 0)), for
+#   ncu -k regex:bwd_kernel_sm90 -c N ... python3 benchmarks/dev/ncu_bwd.py D,CAUSAL,S[,H,H_KV,BATCH[,WINDOW]] [...]
 import sys
 
 import torch
@@ -11,7 +12,8 @@ for case in sys.argv[1:]:
     fields = [int(x) for x in case.split(",")]
     d, causal, s = fields[:3]
     h, h_kv, b = fields[3:6] if len(fields) > 3 else (HIDDEN // d, HIDDEN // d, TOKENS // s)
+    window = (fields[6] - 1, 0) if len(fields) > 6 else (-1, -1)
     q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    out = flash_attn_func(q, k, v, causal=bool(causal))
+    out = flash_attn_func(q, k, v, causal=bool(causal), window_size=window)
     out.backward(torch.randn_like(out))
