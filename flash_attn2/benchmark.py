@@ -206,6 +206,19 @@ def write_csv(rows, path, columns=COLUMNS):
         writer.writerows(rows)
 
 
+def append_csv(rows, out_dir, suffix, columns) -> str:
+    """Appends rows to <out_dir>/<gpu><suffix>.csv (its header first if new); returns the path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, gpu_slug(torch.cuda.get_device_name()) + suffix)
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def save(rows, out_dir, suffix, columns, plot_fn):
     """<out_dir>/<gpu><suffix>.csv and, where matplotlib is installed, .png."""
     os.makedirs(out_dir, exist_ok=True)

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
-import os
 import statistics
 import time
 
 import torch
 
-from .benchmark import add_run_args, gpu_slug, time_interleaved, warm_up_gpu
+from .benchmark import add_run_args, append_csv, time_interleaved, warm_up_gpu
 
 IMPLS = ("sdpa", "flash_attn2")
 COLUMNS = ("gpu", "impl", "batch", "seqlen", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ms",
@@ -108,15 +106,7 @@ def main(argv=None):
     print(f"flash_attn2 / sdpa step time: {times['flash_attn2'] / times['sdpa']:.3f} "
           f"({args.batch} x {args.seqlen} tokens, {args.layers} layers, GQA {args.heads}:{args.kv_heads}, "
           f"d {args.head_dim}; {gpu})")
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, gpu_slug(gpu) + "_hf_step.csv")
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-    print(f"appended to {path}")
+    print(f"appended to {append_csv(rows, args.out_dir, '_hf_step.csv', COLUMNS)}")
     return rows
 
 

@@ -15,12 +15,10 @@ pass, our window time over our causal time scaled by the fraction of (query, key
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 
 import torch
 
-from .benchmark import add_run_args, gpu_slug, time_interleaved, warm_up_gpu
+from .benchmark import add_run_args, append_csv, time_interleaved, warm_up_gpu
 from .flash_attn_interface import flash_attn_func
 
 COLUMNS = ("gpu", "impl", "seqlen", "window", "nheads", "nheads_k", "hdim", "pass", "ms", "visible_fraction")
@@ -92,15 +90,7 @@ def main(argv=None):
                 if "torch_varlen_window" in times:
                     line += f", torch varlen_attn / ours = {times['torch_varlen_window'] / ours:.2f}"
                 print(line)
-    os.makedirs(args.out_dir, exist_ok=True)
-    path = os.path.join(args.out_dir, gpu_slug(gpu) + "_window.csv")
-    new = not os.path.exists(path)
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        if new:
-            writer.writeheader()
-        writer.writerows(rows)
-    print(f"appended to {path}")
+    print(f"appended to {append_csv(rows, args.out_dir, '_window.csv', COLUMNS)}")
     return rows
 
 

@@ -111,6 +111,24 @@ def padded_batch(backend, padding):
     return ids, mask
 
 
+def check_prefill_and_decode(backend, models, padding, cache="dynamic"):
+    """Prefill logits (at non-padded positions) and one decode step's through the KV cache, ours against the
+    fp32 and bf16 sdpa copies."""
+    ids, mask = padded_batch(backend, padding)
+    next_ids = torch.randint(backend.config["vocab_size"], (3, 1), device=backend.device)
+    next_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    logits = []
+    with torch.no_grad():
+        for m in models:
+            past = StaticCache(config=m.config, max_cache_len=ids.shape[1] + 8) if cache == "static" else None
+            out = m(input_ids=ids, attention_mask=mask, past_key_values=past, use_cache=True)
+            step = m(input_ids=next_ids, attention_mask=next_mask, past_key_values=out.past_key_values)
+            logits.append((out.logits[mask.bool()].float(), step.logits[:, -1].float()))
+    (prefill, decode), (prefill_ref, decode_ref), (prefill_lowp, decode_lowp) = logits
+    check(prefill, prefill_ref, prefill_lowp, LOGITS_ATOL, "prefill logits")
+    check(decode, decode_ref, decode_lowp, LOGITS_ATOL, "decode logits")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Logits and training against sdpa
 
@@ -120,20 +138,7 @@ def padded_batch(backend, padding):
 def test_logits_match_sdpa(backend, padding, cache):
     """Prefill (compared at non-padded positions), then one decode step through the KV cache. A static cache
     holds more key slots than the mask covers: the integration must leave the empty ones out."""
-    model, ref, lowp = tiny_llama(backend)
-    ids, mask = padded_batch(backend, padding)
-    next_ids = torch.randint(backend.config["vocab_size"], (3, 1), device=backend.device)
-    next_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    logits = []
-    with torch.no_grad():
-        for m in (model, ref, lowp):
-            past = StaticCache(config=m.config, max_cache_len=ids.shape[1] + 8) if cache == "static" else None
-            out = m(input_ids=ids, attention_mask=mask, past_key_values=past, use_cache=True)
-            step = m(input_ids=next_ids, attention_mask=next_mask, past_key_values=out.past_key_values)
-            logits.append((out.logits[mask.bool()].float(), step.logits[:, -1].float()))
-    (prefill, decode), (prefill_ref, decode_ref), (prefill_lowp, decode_lowp) = logits
-    check(prefill, prefill_ref, prefill_lowp, LOGITS_ATOL, "prefill logits")
-    check(decode, decode_ref, decode_lowp, LOGITS_ATOL, "decode logits")
+    check_prefill_and_decode(backend, tiny_llama(backend), padding, cache)
     # The mask hook hands None when every key slot holds a token (dense kernel), else the 2-D mask (varlen).
     assert {kind for kind, *_ in backend.calls} == {"varlen" if padding or cache == "static" else "dense"}
     assert {dtype for _, dtype, _ in backend.calls} == {torch.bfloat16}
@@ -143,20 +148,7 @@ def test_logits_match_sdpa(backend, padding, cache):
 def test_sliding_window_matches_sdpa(backend, padding):
     """A tiny Mistral (sliding window shorter than the sequence): prefill and one decode step through the KV
     cache, against sdpa's sliding-window mask; the kernels get the window transformers' flash path passes."""
-    window = backend.seq_len // 4
-    model, ref, lowp = tiny_llama(backend, MistralConfig, sliding_window=window)
-    ids, mask = padded_batch(backend, padding)
-    next_ids = torch.randint(backend.config["vocab_size"], (3, 1), device=backend.device)
-    next_mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    logits = []
-    with torch.no_grad():
-        for m in (model, ref, lowp):
-            out = m(input_ids=ids, attention_mask=mask, use_cache=True)
-            step = m(input_ids=next_ids, attention_mask=next_mask, past_key_values=out.past_key_values)
-            logits.append((out.logits[mask.bool()].float(), step.logits[:, -1].float()))
-    (prefill, decode), (prefill_ref, decode_ref), (prefill_lowp, decode_lowp) = logits
-    check(prefill, prefill_ref, prefill_lowp, LOGITS_ATOL, "prefill logits")
-    check(decode, decode_ref, decode_lowp, LOGITS_ATOL, "decode logits")
+    check_prefill_and_decode(backend, tiny_llama(backend, MistralConfig, sliding_window=backend.seq_len // 4), padding)
     assert backend.calls, "the kernels never ran"
 
 
