@@ -17,11 +17,12 @@ namespace flash_attn2 {
 struct Window {
   int len_q, len_k;
   int right_row;  // len_q - 1 - right: rows from here on see the last key (-1 when unbounded)
-  int left_row;   // len_q - len_k + left: rows up to here see the first key (>= len_q - 1 when unbounded)
+  int left_row;   // len_q - len_k + left: rows up to here see the first key (len_q when unbounded)
 
   __host__ __device__ Window(int len_q_, int len_k_, const FwdParams& p)
       : len_q(len_q_), len_k(len_k_),
-        right_row(p.causal ? len_q_ - 1 : p.window_right < 0 || p.window_right >= len_q_ ? -1 : len_q_ - 1 - p.window_right),
+        right_row(p.causal ? len_q_ - 1
+                           : (p.window_right < 0 || p.window_right >= len_q_ ? -1 : len_q_ - 1 - p.window_right)),
         left_row(p.window_left < 0 || p.window_left >= len_k_ ? len_q_ : len_q_ - len_k_ + p.window_left) {}
 
   // Row i sees keys [key_begin(i), key_end(i)); empty when key_begin >= key_end.
