@@ -6,9 +6,9 @@ import torch
 
 import flash_attn2
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
-from flash_attn2.testing import (GRAD_ATOL, attention_ref, attention_ref_varlen, max_error, reference_grads,
-                                 within_tolerance)
+from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error, reference_grads, within_tolerance
 
+from test_backward import check_grads
 from test_forward import (DTYPES, HEAD_DIMS, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel,
                           varlen_inputs)
 
@@ -29,12 +29,6 @@ def check_out(out, lse, ref_fn):
     assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
     lse_err = max_error(lse, lse_ref)
     assert lse_err <= LSE_ATOL, f"lse error {lse_err:.3e}"
-
-
-def check_grads(grads, ref, ref_pt):
-    for name, g, r, r_pt in zip(("dq", "dk", "dv"), grads, ref, ref_pt):
-        ok, err, err_pt = within_tolerance(g, r, r_pt, atol=GRAD_ATOL)
-        assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
 
 
 def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window):
