@@ -312,6 +312,9 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   bad = p;
   bad.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   ok &= check_refused("run_fwd, softmax_scale NaN", fa::run_fwd(bad, stream), "softmax_scale");
+  bad = p;
+  bad.window_left = -2;  // -1 is unbounded; below that is no window
+  ok &= check_refused("run_fwd, window_left -2", fa::run_fwd(bad, stream), "window_left");
   FA_CHECK(fa::run_fwd(p, stream));  // a success clears the message
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const bool cleared = fa::last_error_message()[0] == '\0';
