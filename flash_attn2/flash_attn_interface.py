@@ -150,8 +150,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     window_size=(left, right), aligned the same way: query i sees key j iff
     i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right (-1: unbounded; causal sets right
     to 0); only key blocks inside the window are computed. A query row that sees no key gets output 0 and
-    softmax_lse -inf. Returns out (batch, seqlen_q, nheads,
-    headdim); with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q) fp32, None).
+    softmax_lse -inf. Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out,
+    softmax_lse (batch, nheads, seqlen_q) fp32, None).
     """
     return _attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, deterministic, return_attn_probs)

@@ -123,7 +123,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
                                   deterministic=None, output_attentions=False, **kwargs):
     """transformers' attention-function signature: query (batch, heads, seq_q, head_dim), key/value
     (batch, kv_heads, seq_k, head_dim) -> (output (batch, seq_q, heads, head_dim) in query's dtype, None)."""
-    _check_supported(module, attention_mask, dropout, sliding_window, softcap, s_aux, output_attentions, kwargs)
+    _check_supported(module, attention_mask, dropout, softcap, s_aux, output_attentions, kwargs)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout (batch, seq, heads, dim), views
     head_dim, v_head_dim = q.shape[-1], v.shape[-1]
     if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
@@ -164,7 +164,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
     return out[..., :v_head_dim].to(query.dtype), None
 
 
-def _check_supported(module, attention_mask, dropout, sliding_window, softcap, s_aux, output_attentions, kwargs):
+def _check_supported(module, attention_mask, dropout, softcap, s_aux, output_attentions, kwargs):
     """Raise for what flash_attn2 cannot honour, before any tensor work (so it also raises on CPU)."""
     if softcap is not None and softcap != 0:
         raise NotImplementedError(f"flash_attn2: softcap={softcap} (attention logit soft-capping) is not supported "
