@@ -35,7 +35,7 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("flash_attn2::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, deterministic):
+              window_right, softcap, deterministic):
     check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
     # softmax_lse: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q).
     lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
@@ -44,5 +44,5 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 
 @torch.library.register_fake("flash_attn2::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, deterministic):
+              causal, window_left, window_right, softcap, deterministic):
     return _grad_like(q), _grad_like(k), _grad_like(v)

@@ -23,7 +23,6 @@ def varlen_args(device="cpu"):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(dropout_p=0.1), "dropout_p"),
-    (dict(softcap=30.0), "softcap"),
     (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
 ])
 def test_unsupported_options_raise_not_implemented(kwargs, match):
@@ -37,7 +36,14 @@ def test_extension_errors_format_numbers():
     torch's shared one)."""
     q = torch.randn(2, 16, 64, dtype=BF16)
     with pytest.raises(RuntimeError, match="q must have 4 dimensions, got 3"):
-        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1)
+        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1,
+                                     0.0)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf"), "x", None])
+def test_bad_softcap(softcap):
+    with pytest.raises(ValueError, match="softcap must be a finite float >= 0"):
+        flash_attn2.flash_attn_func(*qkv(), softcap=softcap)
 
 
 @pytest.mark.parametrize("window_size", [(8,), (1, 2, 3), "ab", (None, 0), 5])

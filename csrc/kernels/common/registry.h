@@ -51,6 +51,11 @@ cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 // Split blocks add dK and dV into fp32 accumulators after the dQ accumulator (bwd_dkv_accum_offset),
 // which bwd_dq_accum_elems sizes from this same answer: a function of p and the current device only.
 constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplits = 8;
+
+// Each forward comes in two kernels per (head dim, dtype): the plain one (causal, a window's right edge)
+// and the extended one, which adds a window's left edge (MaskBoth steps) and softcap behind runtime flags,
+// so that the plain one keeps its code and registers (benchmarks/TUNING.md step 44).
+inline bool fwd_extended(const FwdParams& p) { return p.window_left >= 0 || p.softcap > 0.f; }
 inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   *splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;

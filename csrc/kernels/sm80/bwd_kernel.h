@@ -20,6 +20,7 @@
 #include "common/mask.h"
 #include "common/registry.h"  // bwd_dkv_accum_offset
 #include "common/seqlen.h"
+#include "common/softmax.h"  // softcap
 #include "common/utils.h"
 
 namespace flash_attn2 {
@@ -162,7 +163,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
-  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  // Softcap: the scores become t = tanh(S scale / softcap), whose softmax has softcap as its scale; dS picks
+  // up the factor 1 - t^2 (softcap_grad).
+  const bool softcap = p.softcap > 0.f;
+  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
 
   for (int n_block = split; n_block * kBlockN < seq.len_k; n_block += num_splits) {
     const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(window, n_block);
@@ -216,14 +220,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
+      if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      auto probs = [&](auto softcapped) {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(S); ++c) {
-          S(r, c) = fast_exp2(S(r, c) * scale_log2 - lse_log2[r]);  // P
-          dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]);                // dS
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(S); ++c) {
+            const float grad = decltype(softcapped)::value ? softcap_grad(S(r, c)) : 1.f;
+            S(r, c) = fast_exp2(S(r, c) * scale_log2 - lse_log2[r]);  // P
+            dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]) * grad;         // dS
+          }
         }
+      };
+      if (softcap) {
+        probs(true_type{});
+      } else {
+        probs(false_type{});
       }
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);

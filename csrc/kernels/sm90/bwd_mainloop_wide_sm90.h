@@ -10,6 +10,8 @@
 
 #include "sm90/bwd_work_sm90.h"
 
+#include "common/softmax.h"  // softcap_grad
+
 namespace flash_attn2::sm90 {
 
 template <class Traits>
@@ -66,7 +68,10 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
-  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  // Softcap as in bwd_mainloop_sm90.h: t = tanh(S scale / softcap), dS times 1 - t^2, t recomputed from P.
+  const bool softcap = p.softcap > 0.f;
+  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
+  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
   using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
   auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
@@ -102,7 +107,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs, then dS = P o (dP - D); where a pair may be hidden
     // (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
-    auto softmax = [&](auto masked) {
+    auto softmax = [&](auto masked, auto softcapped) {
       // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
       int keys_begin[kRows], keys_end[kRows];
       if constexpr (decltype(masked)::value) {
@@ -127,25 +132,38 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         const float lse_log2 = smem.lse_log2[stage][rows_shift + get<0>(tScS(r, 0))];  // +inf for a row that saw no key
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          const float pv = fast_exp2(S(r, c) * scale_log2 - lse_log2);
+          const float s = decltype(softcapped)::value ? fast_tanh(S(r, c) * scale_over_softcap) : S(r, c);
+          const float pv = fast_exp2(s * scale_log2 - lse_log2);
           S(r, c) = keep(r, c) ? pv : 0.f;
         }
       }
       warpgroup_wait<0>();
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const float dsum = smem.dsum[stage][rows_shift + get<0>(tScS(r, 0))];
+        const int row = rows_shift + get<0>(tScS(r, 0));
+        const float dsum = smem.dsum[stage][row];
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          const float ds = S(r, c) * (dP(r, c) - dsum);
+          float ds = S(r, c) * (dP(r, c) - dsum);
+          if constexpr (decltype(softcapped)::value) {
+            ds *= softcap_grad((__log2f(S(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2);
+          }
           dP(r, c) = keep(r, c) ? ds : 0.f;
         }
       }
     };
-    if (m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k) {
-      softmax(std::true_type{});
+    const bool masked = m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max ||
+                        row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k;
+    if (softcap) {
+      if (masked) {
+        softmax(std::true_type{}, std::true_type{});
+      } else {
+        softmax(std::false_type{}, std::true_type{});
+      }
+    } else if (masked) {
+      softmax(std::true_type{}, std::false_type{});
     } else {
-      softmax(std::false_type{});
+      softmax(std::false_type{}, std::false_type{});
     }
     // P and dS to shared memory once every warpgroup's last GEMMs are done with them (and, for varlen,
     // with Q and dO's rows past the sequence, zeroed here: their P and dS rows are 0, but 0 x NaN is not).
