@@ -31,23 +31,23 @@ def check_out(out, lse, ref_fn):
     assert lse_err <= LSE_ATOL, f"lse error {lse_err:.3e}"
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap=0.0):
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap=0.0, alibi_slopes=None):
     """Our forward into NaN-poisoned out and LSE."""
     heads = q.shape[-2]
     lse_shape = (heads, q.shape[0]) if cu_q is not None else (q.shape[0], heads, q.shape[1])
     out, lse = poisoned(q.shape, q.dtype), poisoned(lse_shape, torch.float32)
     return _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal, out, lse,
-                               window=window, softcap=softcap)
+                               window=window, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic=False, before_backward=None,
-             softcap=0.0):
-    out, lse = forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap)
+             softcap=0.0, alibi_slopes=None):
+    out, lse = forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, alibi_slopes)
     if before_backward is not None:
         before_backward()
     dq, dk, dv = (poisoned(t.shape, t.dtype) for t in (q, k, v))
     return _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal,
-                                deterministic, dq, dk, dv, window=window, softcap=softcap)
+                                deterministic, dq, dk, dv, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

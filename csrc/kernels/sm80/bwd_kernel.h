@@ -13,6 +13,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/alibi.h"
 #include "common/block_range.h"
 #include "sm80/dq_accum.h"
 #include "flash_attn2/flash_attn2.h"
@@ -222,18 +223,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       Tensor dP = rowcol_view(acc_dp);
       if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
-      auto probs = [&](auto softcapped) {
+      // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
+      const Alibi alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh);
+      auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
           CUTE_UNROLL
           for (int c = 0; c < size<1>(S); ++c) {
-            const float grad = decltype(softcapped)::value ? softcap_grad(S(r, c)) : 1.f;
-            S(r, c) = fast_exp2(S(r, c) * scale_log2 - lse_log2[r]);  // P
-            dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]) * grad;         // dS
+            float grad = 1.f, bias = 0.f;
+            if constexpr (decltype(extended)::value) {
+              grad = softcap ? softcap_grad(S(r, c)) : 1.f;
+              bias = alibi.bias(row0 + get<0>(tScS(r, c)), n_block * kBlockN + get<1>(tScS(r, c)));  // 0 without
+            }
+            S(r, c) = fast_exp2((S(r, c) + bias) * scale_log2 - lse_log2[r]);  // P
+            dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]) * grad;                   // dS
           }
         }
       };
-      if (softcap) {
+      if (softcap || alibi.slope != 0.f) {
         probs(true_type{});
       } else {
         probs(false_type{});

@@ -7,6 +7,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/alibi.h"
 #include "common/block_range.h"
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
@@ -20,7 +21,7 @@ namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
 // visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kExtended (fwd_extended): a
-// window's left edge, whose blocks mask both edges, and softcap.
+// window's left edge, whose blocks mask both edges, softcap and ALiBi.
 template <class Traits, bool kExtended>
 __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenInfo& seq, int bidb, int bidh,
                                          int m_block) {
@@ -101,6 +102,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
   const Mask mask{window};
   const bool softcap = kExtended && params.softcap > 0.f;
+  const Alibi alibi(params, seq.len_q, seq.len_k, bidb, bidh);
   OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(softcap ? params.softcap : params.softmax_scale);
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
@@ -115,6 +117,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     Tensor S = rowcol_view(acc_s);
     if constexpr (kExtended) {
       if (softcap) softcap_scores(S, params.softmax_scale / params.softcap);
+      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
     }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     cp_async_wait<0>();

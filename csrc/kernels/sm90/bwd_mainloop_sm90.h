@@ -9,6 +9,7 @@
 
 #include "sm90/bwd_work_sm90.h"
 
+#include "common/alibi.h"
 #include "common/softmax.h"  // softcap_grad
 
 namespace flash_attn2::sm90 {
@@ -59,7 +60,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
   constexpr int kCols = decltype(size<1>(tScS))::value;
   // Softcap: the scores become t = tanh(S scale / softcap) (softmax scale: softcap); dS picks up 1 - t^2,
-  // t recomputed from P and the LSE so that no register holds it across the dP wait.
+  // t recomputed from P, the LSE and ALiBi's bias so that no register holds it across the dP wait.
   const bool softcap = p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
   const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
@@ -120,7 +121,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs, then dS^T = P^T o (dP^T - D). Where a pair
     // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
     // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
-    auto softmax = [&](auto masked, auto softcapped) {
+    const Alibi alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step));
+    auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
       int rows_begin[size<0>(St)], rows_end[size<0>(St)];
       if constexpr (decltype(masked)::value) {
@@ -145,7 +147,11 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
         const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
         CUTE_UNROLL
         for (int r = 0; r < size<0>(St); ++r) {
-          const float s = decltype(softcapped)::value ? fast_tanh(St(r, c) * scale_over_softcap) : St(r, c);
+          float s = St(r, c);
+          if constexpr (decltype(extended)::value) {
+            if (softcap) s = fast_tanh(s * scale_over_softcap);
+            s += alibi.bias(row0 + get<1>(tScS(r, c)), key0 + get<0>(tScS(r, 0)));
+          }
           const float pt = fast_exp2(s * scale_log2 - lse_log2);
           St(r, c) = keep(r, c) ? pt : 0.f;
         }
@@ -158,8 +164,12 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
         CUTE_UNROLL
         for (int r = 0; r < size<0>(St); ++r) {
           float ds = St(r, c) * (dPt(r, c) - dsum);
-          if constexpr (decltype(softcapped)::value) {
-            ds *= softcap_grad((__log2f(St(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2);
+          if constexpr (decltype(extended)::value) {
+            if (softcap) {
+              const float t = (__log2f(St(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2 -
+                              alibi.bias(row0 + get<1>(tScS(r, c)), key0 + get<0>(tScS(r, 0)));
+              ds *= softcap_grad(t);
+            }
           }
           dPt(r, c) = keep(r, c) ? ds : 0.f;
         }
@@ -167,7 +177,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     };
     const bool masked =
         m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q;
-    if (softcap) {
+    if (softcap || alibi.slope != 0.f) {
       if (masked) {
         softmax(std::true_type{}, std::true_type{});
       } else {

@@ -9,6 +9,7 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/alibi.h"
 #include "common/block_range.h"
 #include "common/mask.h"
 #include "common/seqlen.h"
@@ -142,7 +143,7 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, and softcap.
+// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap and ALiBi.
 template <class Traits, bool kExtended>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
@@ -176,6 +177,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
   const bool softcap = kExtended && p.softcap > 0.f;
+  const Alibi alibi(p, seq.len_q, seq.len_k, bidb, bidh);
   OnlineSoftmax<kRows> softmax(softcap ? p.softcap : p.softmax_scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
@@ -229,6 +231,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
     if constexpr (kExtended) {
       if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
+      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
     }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     softmax.update_scores(S, correction);
