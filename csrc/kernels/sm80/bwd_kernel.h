@@ -38,7 +38,8 @@ __host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
 
 // head_splits (registry.h: bwd_head_splits) consecutive blocks share a key block, each with its share of the
 // query-head group; above 1 they add dK and dV into fp32 accumulators instead of storing them.
-template <class Traits>
+// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags.
+template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params,
                                                                    int head_splits) {
   using namespace cute;
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const Mask mask{window};
   // Softcap: the scores become t = tanh(S scale / softcap), whose softmax has softcap as its scale; dS picks
   // up the factor 1 - t^2 (softcap_grad).
-  const bool softcap = p.softcap > 0.f;
+  const bool softcap = kExtended && p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
 
   for (int n_block = split; n_block * kBlockN < seq.len_k; n_block += num_splits) {
@@ -240,11 +241,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           }
         }
       };
-      if (softcap || alibi.slope != 0.f) {
-        probs(true_type{});
-      } else {
-        probs(false_type{});
-      }
+      probs(bool_constant<kExtended>{});
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
       // The next block's loads go out only now, so that their shared-memory writes stay out of the S

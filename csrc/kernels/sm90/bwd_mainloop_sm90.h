@@ -15,7 +15,7 @@
 namespace flash_attn2::sm90 {
 
 // Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the block's key block.
-template <class Traits>
+template <class Traits, bool kExtended>
 __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                             const BwdWork<Traits>& work, int wg) {
   using namespace cute;
@@ -61,7 +61,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   constexpr int kCols = decltype(size<1>(tScS))::value;
   // Softcap: the scores become t = tanh(S scale / softcap) (softmax scale: softcap); dS picks up 1 - t^2,
   // t recomputed from P, the LSE and ALiBi's bias so that no register holds it across the dP wait.
-  const bool softcap = p.softcap > 0.f;
+  const bool softcap = kExtended && p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
   const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
@@ -177,16 +177,10 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     };
     const bool masked =
         m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q;
-    if (softcap || alibi.slope != 0.f) {
-      if (masked) {
-        softmax(std::true_type{}, std::true_type{});
-      } else {
-        softmax(std::false_type{}, std::true_type{});
-      }
-    } else if (masked) {
-      softmax(std::true_type{}, std::false_type{});
+    if (masked) {
+      softmax(std::true_type{}, std::bool_constant<kExtended>{});
     } else {
-      softmax(std::false_type{}, std::false_type{});
+      softmax(std::false_type{}, std::bool_constant<kExtended>{});
     }
     if (kDeferDQ && step == 0 && wg == 0) named_barrier_arrive(Traits::kConsumerThreads, int(BwdBarrier::kStagger));
     // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their

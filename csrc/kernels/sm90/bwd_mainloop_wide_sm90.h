@@ -15,7 +15,7 @@
 
 namespace flash_attn2::sm90 {
 
-template <class Traits>
+template <class Traits, bool kExtended>
 __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const BwdWork<Traits>& work, int wg) {
   using namespace cute;
@@ -71,7 +71,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
   // Softcap and ALiBi as in bwd_mainloop_sm90.h: t = tanh(S scale / softcap), dS times 1 - t^2, t recomputed
   // from P, the LSE and the bias.
-  const bool softcap = p.softcap > 0.f;
+  const bool softcap = kExtended && p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
   const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
@@ -165,16 +165,10 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     };
     const bool masked = m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max ||
                         row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k;
-    if (softcap || alibi.slope != 0.f) {
-      if (masked) {
-        softmax(std::true_type{}, std::true_type{});
-      } else {
-        softmax(std::false_type{}, std::true_type{});
-      }
-    } else if (masked) {
-      softmax(std::true_type{}, std::false_type{});
+    if (masked) {
+      softmax(std::true_type{}, std::bool_constant<kExtended>{});
     } else {
-      softmax(std::false_type{}, std::false_type{});
+      softmax(std::false_type{}, std::bool_constant<kExtended>{});
     }
     // P and dS to shared memory once every warpgroup's last GEMMs are done with them (and, for varlen,
     // with Q and dO's rows past the sequence, zeroed here: their P and dS rows are 0, but 0 x NaN is not).
