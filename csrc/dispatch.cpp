@@ -183,6 +183,7 @@ std::string fwd_params_problem(const FwdParams& p) {
   }
   if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f)) return "softmax_scale must be positive and finite";
   if (p.window_left < -1 || p.window_right < -1) return "window_left and window_right must be >= -1 (-1: unbounded)";
+  if (!(std::isfinite(p.softcap) && p.softcap >= 0.f)) return "softcap must be finite and >= 0 (0: off)";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";

@@ -179,6 +179,27 @@ Tensor grad_like(const Tensor& t) {
   return at::empty(sizes, t.options());
 }
 
+// alibi_slopes: fp32 (nheads,) or (batch, nheads), its last dimension contiguous, on q's device; the same
+// checks and messages as flash_attn2/_checks.py's check_alibi_slopes.
+void check_alibi_slopes(const OptTensor& alibi_slopes, const Tensor& q, const OptTensor& cu_seqlens_q) {
+  if (!alibi_slopes.has_value()) return;
+  const Tensor& a = *alibi_slopes;
+  if (a.scalar_type() != at::kFloat) type_error("alibi_slopes must be float32, got " + dtype_str(a.scalar_type()));
+  const int64_t heads = q.size(-2), batch = cu_seqlens_q.has_value() ? cu_seqlens_q->size(0) - 1 : q.size(0);
+  const bool per_head = a.dim() == 1 && a.size(0) == heads;
+  const bool per_batch = a.dim() == 2 && a.size(0) == batch && a.size(1) == heads;
+  if (!per_head && !per_batch) {
+    value_error("alibi_slopes must be (nheads,) = (" + std::to_string(heads) + ",) or (batch, nheads) = (" +
+                std::to_string(batch) + ", " + std::to_string(heads) + "), got shape " + tuple_str(a.sizes()));
+  }
+  if (a.stride(-1) != 1) {
+    value_error("alibi_slopes must have a contiguous last dimension (stride 1), got strides " + tuple_str(a.strides()));
+  }
+  if (a.device() != q.device()) {
+    value_error("alibi_slopes must be on q's device " + device_str(q.device()) + ", got " + device_str(a.device()));
+  }
+}
+
 // The first head_dim columns of a kernel-ready result, contiguous as the fake implementations promise.
 Tensor unpadded(const Tensor& t, int64_t head_dim) {
   return t.size(-1) == head_dim ? t : t.narrow(-1, 0, head_dim).contiguous();
@@ -195,7 +216,8 @@ void check_tensor(const Tensor& t, const char* name, int64_t dim, const Tensor& 
 void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                     const Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
                     int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
-                    int64_t window_left, int64_t window_right) {
+                    int64_t window_left, int64_t window_right,
+                    double softcap, const OptTensor& alibi_slopes) {
   const bool varlen = cu_seqlens_q.has_value();
   TORCH_CHECK(varlen == cu_seqlens_k.has_value(), "flash_attn2: pass both cu_seqlens_q and cu_seqlens_k, or neither");
   const int64_t dim = varlen ? 3 : 4;
@@ -230,6 +252,11 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
   auto side = [](int64_t w) { return w < 0 ? -1 : int(std::min<int64_t>(w, flash_attn2::kMaxSeqlen)); };
   p.window_left = side(window_left);
   p.window_right = side(window_right);
+  p.softcap = float(softcap);
+  if (alibi_slopes.has_value()) {
+    p.alibi_slopes = alibi_slopes->data_ptr<float>();
+    p.alibi_slopes_batch_stride = alibi_slopes->dim() == 2 ? alibi_slopes->stride(0) : 0;
+  }
   // Lengths past kMaxSeqlen are refused by run_fwd; clamping first keeps the int fields from wrapping.
   auto rows = [](int64_t n) { return int(std::min<int64_t>(n, flash_attn2::kMaxSeqlen + int64_t(1))); };
   if (varlen) {
@@ -288,7 +315,8 @@ void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
 // Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready.
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-             bool causal, int64_t window_left, int64_t window_right) {
+             bool causal, int64_t window_left, int64_t window_right, double softcap,
+             const OptTensor& alibi_slopes) {
   if (q.numel() == 0) return;
   if (k.numel() == 0) {  // no keys at all: every row sees nothing
     out.zero_();
@@ -297,7 +325,7 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   }
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                 window_left, window_right);
+                 window_left, window_right, softcap, alibi_slopes);
   const c10::cuda::CUDAGuard guard(q.device());
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
   // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
@@ -316,14 +344,14 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
 void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
              Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
-             int64_t window_right, bool deterministic) {
+             int64_t window_right, double softcap, const OptTensor& alibi_slopes, bool deterministic) {
   if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows
     dq.zero_(), dk.zero_(), dv.zero_();
     return;
   }
   flash_attn2::BwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                 window_left, window_right);
+                 window_left, window_right, softcap, alibi_slopes);
   const bool varlen = cu_seqlens_q.has_value();
   const int64_t dim = varlen ? 3 : 4;
   check_tensor(dout, "dout", dim, q, q.scalar_type());
@@ -367,14 +395,15 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
 std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                               bool /*deterministic: the backward's*/) {
+                               double softcap, const OptTensor& alibi_slopes, bool /*deterministic: the backward's*/) {
   check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
+  check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
   const Tensor qr = kernel_ready(q);
   Tensor out = at::empty(qr.sizes(), qr.options());
   Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
                          q.options().dtype(at::kFloat));
   fwd_out(qr, kernel_ready(k), kernel_ready(v), out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-          softmax_scale, causal, window_left, window_right);
+          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes);
   return {unpadded(out, q.size(-1)), lse};
 }
 
@@ -382,11 +411,13 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, cons
                                        const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
                                        const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                        double softmax_scale, bool causal, int64_t window_left,
-                                       int64_t window_right, bool deterministic) {
+                                       int64_t window_right, double softcap, const OptTensor& alibi_slopes,
+                                       bool deterministic) {
   const Tensor qr = kernel_ready(q), kr = kernel_ready(k);
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-          max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, deterministic);
+          max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+          deterministic);
   const int64_t head_dim = q.size(-1);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim)};
 }
@@ -399,7 +430,8 @@ using torch::autograd::variable_list;
 const auto& fwd_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::fwd", "").typed<
       std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
-                                 c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t, bool)>();
+                                 c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t, double, const OptTensor&,
+                                 bool)>();
   return op;
 }
 
@@ -407,7 +439,7 @@ const auto& bwd_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::bwd", "").typed<
       std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                          const Tensor&, const OptTensor&, const OptTensor&, c10::SymInt, c10::SymInt,
-                                         double, bool, int64_t, int64_t, bool)>();
+                                         double, bool, int64_t, int64_t, double, const OptTensor&, bool)>();
   return op;
 }
 
@@ -415,11 +447,12 @@ const auto& bwd_op() {
 // torch::autograd::Function costs more host time per call (its context map of saved values, output wrapping).
 struct FlashAttnBackward : public torch::autograd::Node {
   torch::autograd::SavedVariable q, k, v, out, lse;
-  OptTensor cu_seqlens_q, cu_seqlens_k;  // int32, never differentiated
+  OptTensor cu_seqlens_q, cu_seqlens_k, alibi_slopes;  // never differentiated
   c10::SymInt max_seqlen_q, max_seqlen_k;
   double softmax_scale = 0;
   bool causal = false, deterministic = false;
   int64_t window_left = -1, window_right = -1;
+  double softcap = 0;
 
   std::string name() const override { return "FlashAttnBackward"; }
 
@@ -429,7 +462,7 @@ struct FlashAttnBackward : public torch::autograd::Node {
     const bool det = deterministic || at::globalContext().deterministicAlgorithms();
     auto [dq, dk, dv] = bwd_op().call(grads[0], q.unpack(), k.unpack(), v.unpack(), out.unpack(shared_from_this()),
                                       lse.unpack(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                      softmax_scale, causal, window_left, window_right, det);
+                                      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det);
     result[0] = std::move(dq), result[1] = std::move(dk), result[2] = std::move(dv);
     return result;
   }
@@ -442,14 +475,14 @@ struct FlashAttnBackward : public torch::autograd::Node {
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
                                         const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
                                         double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                                        bool deterministic) {
+                                        double softcap, const OptTensor& alibi_slopes, bool deterministic) {
   const bool needs_grad =
       torch::autograd::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   Tensor out, lse;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::tie(out, lse) = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                       causal, window_left, window_right, deterministic);
+                                       causal, window_left, window_right, softcap, alibi_slopes, deterministic);
   }
   if (!needs_grad) return {out, lse};  // inference: no node to build
   auto node = std::shared_ptr<FlashAttnBackward>(new FlashAttnBackward(), torch::autograd::deleteNode);
@@ -468,6 +501,8 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
   node->causal = causal;
   node->window_left = window_left;
   node->window_right = window_right;
+  node->softcap = softcap;
+  node->alibi_slopes = alibi_slopes;
   node->deterministic = deterministic;
   return {out, lse};
 }
@@ -478,13 +513,14 @@ std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& dout, const Tensor
                                                 const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
                                                 const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
                                                 c10::SymInt max_seqlen_k, double softmax_scale, bool causal,
-                                                int64_t window_left, int64_t window_right, bool deterministic) {
+                                                int64_t window_left, int64_t window_right, double softcap,
+                                                const OptTensor& alibi_slopes, bool deterministic) {
   Tensor dq, dk, dv;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::tie(dq, dk, dv) = bwd_op().call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
                                          std::move(max_seqlen_k), softmax_scale, causal, window_left, window_right,
-                                         deterministic);
+                                         softcap, alibi_slopes, deterministic);
   }
   const bool differentiable = dout.requires_grad() || q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                               out.requires_grad();
@@ -507,11 +543,13 @@ TORCH_LIBRARY(flash_attn2, m) {
   // deterministic is the backward's (saved by the autograd formula); max_seqlen_q/k are hints for varlen
   // and ignored for fixed-length calls.
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
-        "SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, bool deterministic) "
+        "SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
+        "Tensor? alibi_slopes, bool deterministic) "
         "-> (Tensor out, Tensor softmax_lse)");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? cu_seqlens_q, "
         "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
-        "int window_left, int window_right, bool deterministic) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "int window_left, int window_right, float softcap, Tensor? alibi_slopes, bool deterministic) "
+        "-> (Tensor dq, Tensor dk, Tensor dv)");
 }
 
 TORCH_LIBRARY_IMPL(flash_attn2, CUDA, m) {

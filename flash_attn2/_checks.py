@@ -17,11 +17,13 @@ MAX_SEQLEN = 2**31 - 2**16
 DTYPES = (torch.float16, torch.bfloat16)
 
 
-def check_types(q, k, v, cu_seqlens_q, cu_seqlens_k):
+def check_types(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes=None):
     """What the op's schema cannot say in our words: the arguments are tensors."""
     named = (("q", q), ("k", k), ("v", v))
     if cu_seqlens_q is not None or cu_seqlens_k is not None:
         named += (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    if alibi_slopes is not None:
+        named += (("alibi_slopes", alibi_slopes),)
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -31,6 +33,25 @@ def check_max_seqlen(max_seqlen_q, max_seqlen_k):
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or not 0 <= m <= MAX_SEQLEN:
             raise ValueError(f"flash_attn2: {name} must be an int in 0..2**31-2**16, got {m!r}")
+
+
+def check_alibi_slopes(alibi_slopes, q, cu_seqlens_q):
+    """alibi_slopes: None, or fp32 (nheads,) or (batch, nheads) on q's device with a contiguous last dimension;
+    csrc/flash_api.cpp's check_alibi_slopes is the same."""
+    if alibi_slopes is None:
+        return
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"flash_attn2: alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    heads = q.shape[-2]
+    batch = cu_seqlens_q.shape[0] - 1 if cu_seqlens_q is not None else q.shape[0]
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"flash_attn2: alibi_slopes must be (nheads,) = ({heads},) or (batch, nheads) = ({batch}, "
+                         f"{heads}), got shape {tuple(alibi_slopes.shape)}")
+    if alibi_slopes.stride(-1) != 1:
+        raise ValueError(f"flash_attn2: alibi_slopes must have a contiguous last dimension (stride 1), got strides "
+                         f"{tuple(alibi_slopes.stride())}")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"flash_attn2: alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
 
 
 def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):

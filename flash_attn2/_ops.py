@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
-from ._checks import check_tensors
+from ._checks import check_alibi_slopes, check_tensors
 from ._extension import load
 
 ext = load()  # loading the library registers the ops
@@ -35,8 +35,9 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("flash_attn2::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, deterministic):
+              window_right, softcap, alibi_slopes, deterministic):
     check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
+    check_alibi_slopes(alibi_slopes, q, cu_seqlens_q)
     # softmax_lse: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q).
     lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
     return _empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
@@ -44,5 +45,5 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 
 @torch.library.register_fake("flash_attn2::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, deterministic):
+              causal, window_left, window_right, softcap, alibi_slopes, deterministic):
     return _grad_like(q), _grad_like(k), _grad_like(v)

@@ -14,7 +14,8 @@ import os
 import torch
 
 from . import _ops
-from ._checks import MAX_HEAD_DIM, MAX_SEQLEN, check_max_seqlen, check_tensors, check_types
+from ._checks import (MAX_HEAD_DIM, MAX_SEQLEN, check_alibi_slopes, check_max_seqlen, check_tensors,
+                      check_types)
 
 CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 
@@ -23,13 +24,9 @@ CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 # Checks of the other arguments: each error names the argument and what was expected.
 
 
-def _check_unsupported(dropout_p, softcap, alibi_slopes, block_table=None):
+def _check_unsupported(dropout_p, block_table=None):
     if dropout_p != 0.0:
         raise NotImplementedError(f"flash_attn2: dropout_p={dropout_p} is not supported yet; only dropout_p=0.0")
-    if softcap != 0.0:
-        raise NotImplementedError(f"flash_attn2: softcap={softcap} is not supported yet; only softcap=0.0")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flash_attn2: alibi_slopes is not supported yet; pass alibi_slopes=None")
     if block_table is not None:
         raise NotImplementedError("flash_attn2: block_table (paged KV cache) is not supported yet; pass block_table=None")
 
@@ -68,6 +65,16 @@ def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
                          f"packed length {total}")
 
 
+def _softcap(softcap) -> float:
+    try:
+        value = float(softcap)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value < 0.0:
+        raise ValueError(f"flash_attn2: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    return value
+
+
 def _softmax_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return head_dim ** (-0.5)
@@ -88,32 +95,34 @@ def _checking_inputs() -> bool:
 
 
 def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                        out=None, softmax_lse=None, window=(-1, -1)):
+                        out=None, softmax_lse=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Checked inputs -> (out, softmax_lse), written into out / softmax_lse when given (head dim a multiple of 8);
     window: (left, right) as the kernels take it (-1 unbounded; causal sets right to 0)."""
     if out is None:
         return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window,
-                        False)
+                        softcap, alibi_slopes, False)
     _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, *window)
+                     causal, *window, softcap, alibi_slopes)
     return out, softmax_lse
 
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         softmax_scale, causal, deterministic, dq=None, dk=None, dv=None, window=(-1, -1)):
+                         softmax_scale, causal, deterministic, dq=None, dk=None, dv=None, window=(-1, -1),
+                         softcap=0.0, alibi_slopes=None):
     """The forward's tensors and dout -> (dq, dk, dv), written into dq / dk / dv when given."""
     if dq is None:
         return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, causal, *window, deterministic)
+                        softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)
     _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, softmax_scale, causal, *window, deterministic)
+                     max_seqlen_k, softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)
     return dq, dk, dv
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    _check_unsupported(dropout_p, softcap, alibi_slopes, block_table)
-    check_types(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    _check_unsupported(dropout_p, block_table)
+    softcap = _softcap(softcap)
+    check_types(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     varlen = cu_seqlens_q is not None
     if varlen:
         check_max_seqlen(max_seqlen_q, max_seqlen_k)
@@ -127,13 +136,14 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     if not q.is_cuda or checking_values:
         # The op checks CUDA tensors itself; others get the same checks before the device error.
         check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        check_alibi_slopes(alibi_slopes, q, cu_seqlens_q)
         if checking_values:
             _check_cu_seqlens_values(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, "max_seqlen_q")
             _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
         if not q.is_cuda:
             raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
     out, softmax_lse = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, left,
-                                right, bool(deterministic))
+                                right, softcap, alibi_slopes, bool(deterministic))
     # S_dmask carries the dropout pattern in flash-attn; without dropout it is None there too.
     return (out, softmax_lse, None) if return_attn_probs else out
 
@@ -149,9 +159,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     causal aligns the mask to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
     window_size=(left, right), aligned the same way: query i sees key j iff
     i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right (-1: unbounded; causal sets right
-    to 0); only key blocks inside the window are computed. A query row that sees no key gets output 0 and
-    softmax_lse -inf. Returns out (batch, seqlen_q, nheads, headdim); with return_attn_probs, (out,
-    softmax_lse (batch, nheads, seqlen_q) fp32, None).
+    to 0); only key blocks inside the window are computed. softcap > 0 caps the scaled scores s to
+    softcap * tanh(s / softcap) before the softmax. alibi_slopes, fp32 (nheads,) or (batch, nheads), adds
+    -slope * |i + seqlen_k - seqlen_q - j| to the scaled scores (with causal, +slope * j: the same softmax, as
+    flash-attn). A query row that sees no key gets output 0 and softmax_lse -inf. Returns out (batch, seqlen_q,
+    nheads, headdim); with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q) fp32, None).
     """
     return _attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, deterministic, return_attn_probs)

@@ -11,13 +11,16 @@ import math
 import torch
 
 
-def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window=(-1, -1)):
+def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window=(-1, -1), softcap=0.0,
+                  alibi_slopes=None):
     """q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in q's dtype, lse (b, h, sq) fp32.
 
     upcast=True computes in float32 (the reference); False in the inputs' dtype, the way PyTorch's own
     fp16/bf16 attention would. Causal and window=(left, right) (-1: unbounded) are bottom-right aligned:
     query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, right = 0 when causal. Rows that
-    see no key give 0 and -inf.
+    see no key give 0 and -inf. softcap > 0: scaled scores s become softcap * tanh(s / softcap) before the mask.
+    alibi_slopes (h,) or (b, h): -slope * |i + sk - sq - j| added after that, or +slope * j when causal without a
+    left window edge (flash-attn's form: the same softmax, another LSE).
     """
     dtype = q.dtype
     if upcast:  # to float32, or keep float64
@@ -27,6 +30,16 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     v = v.repeat_interleave(groups, dim=2)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     scores = torch.einsum("bthd,bshd->bhts", q * scale, k)
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.to(scores.dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, scores.shape[1], 1, 1)
+        i = torch.arange(q.shape[1], device=q.device).view(-1, 1)
+        j = torch.arange(k.shape[1], device=q.device).view(1, -1)
+        if causal and window[0] < 0:
+            scores = scores + slopes * j.to(scores.dtype)
+        else:
+            scores = scores - slopes * (i + k.shape[1] - q.shape[1] - j).abs().to(scores.dtype)
     sq, sk = q.shape[1], k.shape[1]
     left, right = window
     right = 0 if causal else right
@@ -43,13 +56,14 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
 
 
 def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, upcast=True,
-                         window=(-1, -1)):
+                         window=(-1, -1), softcap=0.0, alibi_slopes=None):
     """Packed q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q)."""
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         o, l = attention_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
-                             causal, softmax_scale, upcast, window)
+                             causal, softmax_scale, upcast, window, softcap,
+                             alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)

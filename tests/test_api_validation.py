@@ -23,8 +23,6 @@ def varlen_args(device="cpu"):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(dropout_p=0.1), "dropout_p"),
-    (dict(softcap=30.0), "softcap"),
-    (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
 ])
 def test_unsupported_options_raise_not_implemented(kwargs, match):
     with pytest.raises(NotImplementedError, match=match):
@@ -37,7 +35,26 @@ def test_extension_errors_format_numbers():
     torch's shared one)."""
     q = torch.randn(2, 16, 64, dtype=BF16)
     with pytest.raises(RuntimeError, match="q must have 4 dimensions, got 3"):
-        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1)
+        flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1,
+                                     0.0, None)
+
+
+@pytest.mark.parametrize("slopes,error,match", [
+    ([0.5] * 4, TypeError, "alibi_slopes must be a torch.Tensor, got list"),
+    (torch.ones(4, dtype=torch.float16), TypeError, "alibi_slopes must be float32, got torch.float16"),
+    (torch.ones(3), ValueError,
+     r"alibi_slopes must be \(nheads,\) = \(4,\) or \(batch, nheads\) = \(2, 4\), got shape \(3,\)"),
+    (torch.ones(2, 8)[:, ::2], ValueError, "alibi_slopes must have a contiguous last dimension"),
+])
+def test_bad_alibi_slopes(slopes, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn2.flash_attn_func(*qkv(), alibi_slopes=slopes)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf"), "x", None])
+def test_bad_softcap(softcap):
+    with pytest.raises(ValueError, match="softcap must be a finite float >= 0"):
+        flash_attn2.flash_attn_func(*qkv(), softcap=softcap)
 
 
 @pytest.mark.parametrize("window_size", [(8,), (1, 2, 3), "ab", (None, 0), 5])

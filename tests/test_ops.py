@@ -24,17 +24,17 @@ def test_fake_outputs_match_the_op_contract(head_dim):
     with FakeTensorMode():
         q = torch.empty(2, 8, 100, head_dim, device="cuda", dtype=BF16).transpose(1, 2)
         k = torch.empty(2, 8, 50, head_dim, device="cuda", dtype=BF16).transpose(1, 2)[:, :, :2]
-        out, lse = _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, False)
+        out, lse = _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
         assert out.shape == q.shape and out.is_contiguous() and out.dtype == BF16
         assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32 and lse.is_contiguous()
-        dq, dk, dv = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, -1, -1, False)
+        dq, dk, dv = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
         assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dk.is_contiguous()
         # Gradients keep a dense input's strides where its head dim is a multiple of 8 (q, a transposed
         # view); k, a slice of heads, is not dense.
         assert dq.stride() == (q.stride() if head_dim % 8 == 0 else q.contiguous().stride())
         qv = torch.empty(300, 8, head_dim, device="cuda", dtype=BF16)
         cu = torch.empty(4, device="cuda", dtype=torch.int32)
-        out, lse = _ops.fwd(qv, qv[:, :4], qv[:, :4], cu, cu, 7, 7, 0.1, False, 3, 2, False)
+        out, lse = _ops.fwd(qv, qv[:, :4], qv[:, :4], cu, cu, 7, 7, 0.1, False, 3, 2, 0.0, None, False)
         assert out.shape == qv.shape and lse.shape == (8, 300)
 
 
@@ -63,21 +63,24 @@ def op_cases():
         for causal in (False, True):
             q = randn(2, 65, 4, head_dim, dtype=BF16)
             k, v = (randn(2, 47, 2, head_dim, dtype=BF16) for _ in range(2))
-            cases.append((f"fixed-d{head_dim}-causal{causal}", (q, k, v, None, None, 65, 47, 0.2, causal, -1, -1, False)))
+            cases.append((f"fixed-d{head_dim}-causal{causal}",
+                          (q, k, v, None, None, 65, 47, 0.2, causal, -1, -1, 0.0, None, False)))
         cu_q, cu_k, q, k, v = varlen_inputs([17, 0, 40], [30, 5, 40], 4, 2, head_dim, BF16)
-        cases.append((f"varlen-d{head_dim}", (q, k, v, cu_q, cu_k, 40, 40, 0.2, True, 9, -1, True)))
+        cases.append((f"varlen-d{head_dim}", (q, k, v, cu_q, cu_k, 40, 40, 0.2, True, 9, -1, 0.0, None, True)))
     # (b, h, s, d) memory viewed as (b, s, h, d), as models hand it over: gradients in those strides.
     q = randn(2, 4, 65, 64, dtype=BF16).transpose(1, 2)
     k, v = (randn(2, 2, 47, 64, dtype=BF16).transpose(1, 2) for _ in range(2))
-    cases.append(("transposed-d64", (q, k, v, None, None, 65, 47, 0.2, True, -1, -1, False)))
+    cases.append(("transposed-d64", (q, k, v, None, None, 65, 47, 0.2, True, -1, -1, 0.0, None, False)))
     q = randn(2, 65, 4, 64, dtype=BF16)
     k, v = (randn(2, 47, 2, 64, dtype=BF16) for _ in range(2))
-    cases.append(("window-d64", (q, k, v, None, None, 65, 47, 0.2, False, 16, 5, False)))
+    cases.append(("window-softcap-d64", (q, k, v, None, None, 65, 47, 0.2, False, 16, 5, 3.0, None, False)))
+    slopes = torch.rand(2, 4, device="cuda")
+    cases.append(("alibi-d64", (q, k, v, None, None, 65, 47, 0.2, True, -1, -1, 0.0, slopes, False)))
     return cases
 
 
 @gpu
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_opcheck(case):
     name, args = op_cases()[case]
     require_kernel(args[0].shape[-1], BF16)

@@ -42,6 +42,27 @@ def test_reference_matches_naive_bottom_right_causal():
     assert (out[0, :2] == 0).all() and (lse[0, 0, :2] == -math.inf).all() and lse[0, 0, 2:].isfinite().all()
 
 
+def test_reference_alibi():
+    """ALiBi's bias against a loop: -slope * |i + sk - sq - j|, or +slope * j when causal (the same output)."""
+    q, k, v = (torch.randn(2, n, 4, 8, dtype=torch.float64) for n in (5, 7, 7))
+    slopes = torch.rand(2, 4, dtype=torch.float64)
+    for causal in (False, True):
+        out, lse = attention_ref(q, k, v, causal, 0.5, alibi_slopes=slopes)
+        scores = torch.einsum("bthd,bshd->bhts", q * 0.5, k)
+        for b in range(2):
+            for h in range(4):
+                for i in range(5):
+                    for j in range(7):
+                        visible = not causal or j <= i + 2
+                        bias = slopes[b, h] * j if causal else -slopes[b, h] * abs(i + 2 - j)
+                        scores[b, h, i, j] = scores[b, h, i, j] + bias if visible else -math.inf
+        torch.testing.assert_close(lse, torch.logsumexp(scores, -1))
+        torch.testing.assert_close(out, torch.einsum("bhts,bshd->bthd", torch.softmax(scores, -1), v))
+    # The causal form shifts each row by a constant: the same output as the |i - j| form under a causal mask.
+    out_abs, _ = attention_ref(q, k, v, True, 0.5, window=(100, 0), alibi_slopes=slopes)
+    torch.testing.assert_close(attention_ref(q, k, v, True, 0.5, alibi_slopes=slopes)[0], out_abs)
+
+
 def test_reference_matches_naive_window():
     """Sliding windows, bottom-right aligned, with and without causal; sq != sk both ways (rows that see no
     key among them)."""

@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("transformers", reason="Hugging Face transformers is not installed (pip install transformers)")
 
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, StaticCache  # noqa: E402
+from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, MistralConfig, StaticCache  # noqa: E402
 from transformers import modeling_flash_attention_utils as hf_flash_utils  # noqa: E402
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_causal_mask  # noqa: E402
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS  # noqa: E402
@@ -60,7 +60,7 @@ def backend(request, monkeypatch):
         with pytest.raises(ValueError, match="CUDA tensors"):  # every argument check but the device's passes
             flash_attn2.flash_attn_func(q, k, v, **kwargs)
         causal, window = reference_mask(kwargs, k.shape[1])
-        return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window)[0]
+        return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window, softcap=kwargs["softcap"])[0]
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
         calls.append(("varlen", q.dtype, cu_q.tolist()))
@@ -70,7 +70,8 @@ def backend(request, monkeypatch):
             flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
         assert (max_q, max_k) == (int(cu_q.diff().max()), int(cu_k.diff().max()))
         causal, window = reference_mask(kwargs, max_k)
-        return attention_ref_varlen(q, k, v, cu_q, cu_k, causal, kwargs["softmax_scale"], window=window)[0]
+        return attention_ref_varlen(q, k, v, cu_q, cu_k, causal, kwargs["softmax_scale"], window=window,
+                                    softcap=kwargs["softcap"])[0]
 
     monkeypatch.setattr(integration, "flash_attn_func", dense)
     monkeypatch.setattr(integration, "flash_attn_varlen_func", varlen)
@@ -84,13 +85,14 @@ def reference_mask(kwargs, seqlen_k):
     return causal, (left, right)
 
 
-def tiny_llama(backend, config_class=LlamaConfig, **config):
-    """Model under test (flash_attn2), an fp32 sdpa copy (the reference) and a bf16 sdpa copy, same weights."""
+def tiny_llama(backend, config_class=LlamaConfig, reference="sdpa", **config):
+    """Model under test (flash_attn2), an fp32 copy (the reference) and a bf16 copy on `reference` attention,
+    same weights."""
     model = AutoModelForCausalLM.from_config(config_class(**backend.config, **config), attn_implementation=NAME)
     model = model.to(backend.device, backend.dtype).eval()
     ref, lowp = copy.deepcopy(model).float(), copy.deepcopy(model).to(torch.bfloat16)
     for m in (ref, lowp):
-        m.set_attn_implementation("sdpa")
+        m.set_attn_implementation(reference)
     return model, ref, lowp
 
 
@@ -149,6 +151,16 @@ def test_sliding_window_matches_sdpa(backend, padding):
     """A tiny Mistral (sliding window shorter than the sequence): prefill and one decode step through the KV
     cache, against sdpa's sliding-window mask; the kernels get the window transformers' flash path passes."""
     check_prefill_and_decode(backend, tiny_llama(backend, MistralConfig, sliding_window=backend.seq_len // 4), padding)
+    assert backend.calls, "the kernels never ran"
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_gemma2_softcap_matches_eager(backend, padding):
+    """A tiny Gemma 2 (logit soft-capping, a sliding window on every other layer) against eager attention,
+    which applies the softcap (sdpa does not)."""
+    config = dict(attn_logit_softcapping=2.0, sliding_window=backend.seq_len // 4, final_logit_softcapping=None,
+                  query_pre_attn_scalar=backend.config["head_dim"])
+    check_prefill_and_decode(backend, tiny_llama(backend, Gemma2Config, reference="eager", **config), padding)
     assert backend.calls, "the kernels never ran"
 
 
@@ -305,7 +317,6 @@ def test_integration_without_transformers_says_how_to_install():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(softcap=30.0), NotImplementedError, "softcap=30.0"),
     (dict(dropout=0.1), NotImplementedError, "dropout=0.1 while training"),
     (dict(s_aux=torch.zeros(4)), NotImplementedError, r"sinks \(s_aux\)"),
     (dict(output_attentions=True), NotImplementedError, "output_attentions=True"),
@@ -313,7 +324,7 @@ def test_integration_without_transformers_says_how_to_install():
     (dict(attention_mask=torch.ones(1, 1, 8, 12, dtype=torch.bool)), NotImplementedError, "custom 4-D masks"),
     (dict(position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])), NotImplementedError, "packed sequences.*KV cache"),
     (dict(cu_seq_lens_q=torch.tensor([0, 8])), ValueError, "cu_seq_lens_q must come as all four"),
-], ids=["softcap", "dropout", "s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
+], ids=["dropout", "s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
         "packed_with_cache", "partial_cu_seq_lens"])
 def test_unsupported_arguments_raise(kwargs, error, match):
     model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME).train()

@@ -31,22 +31,23 @@ def check_out(out, lse, ref_fn):
     assert lse_err <= LSE_ATOL, f"lse error {lse_err:.3e}"
 
 
-def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window):
+def forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap=0.0, alibi_slopes=None):
     """Our forward into NaN-poisoned out and LSE."""
     heads = q.shape[-2]
     lse_shape = (heads, q.shape[0]) if cu_q is not None else (q.shape[0], heads, q.shape[1])
     out, lse = poisoned(q.shape, q.dtype), poisoned(lse_shape, torch.float32)
     return _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal, out, lse,
-                               window=window)
+                               window=window, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
-def backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic=False, before_backward=None):
-    out, lse = forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window)
+def backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic=False, before_backward=None,
+             softcap=0.0, alibi_slopes=None):
+    out, lse = forward(q, k, v, cu_q, cu_k, max_q, max_k, causal, window, softcap, alibi_slopes)
     if before_backward is not None:
         before_backward()
     dq, dk, dv = (poisoned(t.shape, t.dtype) for t in (q, k, v))
     return _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal,
-                                deterministic, dq, dk, dv, window=window)
+                                deterministic, dq, dk, dv, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -137,6 +138,28 @@ def test_window_public_api_and_deterministic(causal, window):
     out_ref, _ = attention_ref(q, k, v, causal, window=window)
     out_pt, _ = attention_ref(q, k, v, causal, upcast=False, window=window)
     assert within_tolerance(out, out_ref, out_pt)[0]
+
+
+@pytest.mark.parametrize("backend", ["default", "sm80"])
+def test_window_bwd_head_splits(backend, monkeypatch):
+    """GQA 8:1, head dim 128, 8k rows, window 512: the blocks that run together would span 8k query rows of 8
+    heads (67 MB of Q, dO and dQ-accumulator rows), more than half the L2 of an H100, so the query heads split
+    (registry.h: bwd_head_splits) and dK / dV go through fp32 accumulators; the profiler shows their
+    conversion running."""
+    dtype, seqlen, window = torch.bfloat16, 8192, (511, 0)
+    require_kernel(128, dtype)
+    if torch.cuda.get_device_properties(0).L2_cache_size > 64 << 20:
+        pytest.skip("an L2 this large holds the window's rows without splits")
+    q, k, v = dense_inputs(1, seqlen, seqlen, 8, 8, 128, dtype)
+    dout = randn(*q.shape, dtype=dtype)
+    set_backend = (lambda: monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)) if backend != "default" else None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        grads = backward(q, k, v, dout, None, None, seqlen, seqlen, False, window, before_backward=set_backend)
+        torch.cuda.synchronize()
+    assert any("convert_dkv" in e.key for e in prof.key_averages()), "the backward did not split the query heads"
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, False, upcast=up, window=window)[0],
+                                  (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
 
 
 def test_window_normalization():

@@ -5,8 +5,9 @@
 # and tests and installs a flash_attn2 wheel carried in .whl/ (one call's ten minutes may not fit both);
 # STAGE=bench_bwd does the same for the backward and fwd_bwd grid rows (HDIMS) and the HF training step (MODELS=1:
 # the model suite's bwd / fwd_bwd rows too), its CSVs and plots packed in $OUT/results.tgz;
-# STAGE=retest installs the carried wheel and runs TESTS (pytest node ids or -k ...) with the sanitizers, for
-# the rest of a suite that did not fit one call (PYTEST_S, default 330, bounds pytest). AB_WHEELS="wheel ..." with
+# STAGE=retest installs the carried wheel and runs TESTS (pytest node ids or -k ...), for the rest of a suite that
+# did not fit one call (PYTEST_S, default 330, bounds pytest). SANITIZE=0/1 turns the sanitizers off in the test
+# stage / on in retest (SANITIZE_S, default 90, bounds each of the four runs). AB_WHEELS="wheel ..." with
 # CASES: STAGE=test times the new wheel against those (ab_wheels.sh) between the build and the tests.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
@@ -15,10 +16,17 @@ STAGE=${STAGE:-all}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee $OUT/summary.txt
 rm -f flash_attn2_cuda*.so
 python3 -m pip install -q --no-deps .whl/nvidia_cutlass*.whl
+sanitize() {
+  for script in sanitize_fwd sanitize_bwd; do for tool in memcheck racecheck; do
+    echo -n "$script $tool: " | tee -a $OUT/summary.txt
+    PYTHONPATH= timeout ${SANITIZE_S:-90} compute-sanitizer --tool $tool python3 benchmarks/dev/$script.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -2 | tee -a $OUT/summary.txt
+  done; done
+}
 if [ "$STAGE" = retest ]; then
   python3 -m pip install -q --no-deps .whl/flash_attn2-*.whl
   timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
+  [ "${SANITIZE:-0}" = 1 ] && sanitize
   exit 0
 fi
 if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
@@ -32,10 +40,7 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   fi
   timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
-  for script in sanitize_fwd sanitize_bwd; do for tool in memcheck racecheck; do
-    echo -n "$script $tool: " | tee -a $OUT/summary.txt
-    PYTHONPATH= timeout 60 compute-sanitizer --tool $tool python3 benchmarks/dev/$script.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -2 | tee -a $OUT/summary.txt
-  done; done
+  [ "${SANITIZE:-1}" = 1 ] && sanitize
 else
   python3 -m pip install -q --no-deps .whl/flash_attn2-*.whl
 fi

@@ -1,4 +1,4 @@
-# A few small backward calls (fixed and varlen, causal and not, GQA 8:2, whose few key blocks split the
+# A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi; GQA 8:2, whose few key blocks split the
 # query heads over 4 blocks on the Hopper path) for compute-sanitizer.
 import torch
 from flash_attn2 import flash_attn_func, flash_attn_varlen_func
@@ -7,12 +7,17 @@ for d in (32, 64, 96, 128, 160, 192, 224, 256):
         flash_attn_func(*(torch.randn(1, 1, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)))
     except NotImplementedError:
         continue
-    for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (40, 7)), (True, (90, 0))):
+    for causal, window, softcap, alibi in ((False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False),
+                                           (False, (40, 7), 0.0, False), (True, (90, 0), 0.0, False),
+                                           (False, (-1, -1), 30.0, False), (True, (-1, -1), 0.0, True),
+                                           (False, (40, 7), 30.0, True)):
+        def extra(heads):
+            return dict(softcap=softcap, alibi_slopes=torch.rand(heads, device="cuda") if alibi else None)
         q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        flash_attn_func(q, k, v, causal=causal, window_size=window).sum().backward()
+        flash_attn_func(q, k, v, causal=causal, window_size=window, **extra(8)).sum().backward()
         cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
         qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window).sum().backward()
+        flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra(4)).sum().backward()
 torch.cuda.synchronize()
 print("small: ok")

@@ -22,10 +22,10 @@ called any number of times. Developed against transformers 5.17, whose own flash
   path picks, bfloat16 where that is float32 too, and the output is cast back;
 - GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured;
 - a sliding window (`sliding_window`, e.g. Mistral) as transformers' flash path passes it: (w - 1, w - 1),
-  which causal makes (w - 1, 0).
+  which causal makes (w - 1, 0); logit soft-capping (`softcap`, Gemma 2).
 
-What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: softcap,
-attention dropout while training, attention sinks (`s_aux`), `output_attentions=True`, a 4-D (custom)
+What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: attention
+dropout while training, attention sinks (`s_aux`), `output_attentions=True`, a 4-D (custom)
 attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and
 any other non-None keyword argument not listed in `_NOT_FOR_ATTENTION`.
 """
@@ -123,7 +123,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
                                   deterministic=None, output_attentions=False, **kwargs):
     """transformers' attention-function signature: query (batch, heads, seq_q, head_dim), key/value
     (batch, kv_heads, seq_k, head_dim) -> (output (batch, seq_q, heads, head_dim) in query's dtype, None)."""
-    _check_supported(module, attention_mask, dropout, softcap, s_aux, output_attentions, kwargs)
+    _check_supported(module, attention_mask, dropout, s_aux, output_attentions, kwargs)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout (batch, seq, heads, dim), views
     head_dim, v_head_dim = q.shape[-1], v.shape[-1]
     if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
@@ -136,6 +136,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         "causal": getattr(module, "is_causal", True) if is_causal is None else bool(is_causal),
         # transformers' flash path: sliding_window counts the query's own key; causal makes it (w - 1, 0)
         "window_size": (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1),
+        "softcap": 0.0 if softcap is None else softcap,  # Gemma 2's attn_logit_softcapping
         # transformers' flash path reads the same variable
         "deterministic": (os.getenv("FLASH_ATTENTION_DETERMINISTIC", "0") == "1" if deterministic is None
                           else bool(deterministic)),
@@ -164,11 +165,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
     return out[..., :v_head_dim].to(query.dtype), None
 
 
-def _check_supported(module, attention_mask, dropout, softcap, s_aux, output_attentions, kwargs):
+def _check_supported(module, attention_mask, dropout, s_aux, output_attentions, kwargs):
     """Raise for what flash_attn2 cannot honour, before any tensor work (so it also raises on CPU)."""
-    if softcap is not None and softcap != 0:
-        raise NotImplementedError(f"flash_attn2: softcap={softcap} (attention logit soft-capping) is not supported "
-                                  "yet" + _USE_INSTEAD)
     # In eval mode dropout is a no-op (as in eager attention), so only training needs it.
     if dropout > 0 and module.training:
         raise NotImplementedError(f"flash_attn2: attention dropout={dropout} while training is not supported yet; "

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 4
+#define FLASH_ATTN2_PARAMS_VERSION 6
 
 namespace flash_attn2 {
 
@@ -64,6 +64,16 @@ struct FwdParams {
   // i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right (per sequence for
   // varlen). -1: unbounded on that side; causal sets window_right to 0.
   int window_left = -1, window_right = -1;
+  // Logit soft-capping (Gemma 2): > 0 turns the scaled scores into softcap * tanh(scaled score / softcap)
+  // before the softmax (and the mask); 0: off. Finite and >= 0.
+  float softcap = 0.f;
+  // ALiBi (flash-attn's alibi_slopes): fp32 slope of (batch b, query head h) at
+  // alibi_slopes[b * alibi_slopes_batch_stride + h] (stride 0: one slope per head), or nullptr. Adds
+  // -slope * |i + seqlen_k - seqlen_q - j| to the scaled score of query i and key j (per sequence for varlen);
+  // with causal, +slope * j, which differs from it by a constant per row (flash-attn's form: its softmax is
+  // the same, its LSE is not).
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_slopes_batch_stride = 0;
 
   // Optional: one int of device memory a fixed-length causal forward on Hopper may use to hand query tiles
   // to its persistent blocks as they free up, instead of in a fixed order (up to ~10% faster where tiles

@@ -40,10 +40,6 @@ using MaskNone = std::integral_constant<int, 0>;
 using MaskRight = std::integral_constant<int, 1>;
 using MaskBoth = std::integral_constant<int, 2>;
 
-// Whether a window has a left edge at all: the forwards take the steps that mask it (MaskBoth) only in
-// kernels built for it, so that the others keep their code as it was without windows.
-__host__ __device__ inline bool has_left_edge(const FwdParams& p) { return p.window_left >= 0; }
-
 struct Mask {
   Window window;
 

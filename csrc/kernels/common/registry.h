@@ -51,6 +51,15 @@ cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 // Split blocks add dK and dV into fp32 accumulators after the dQ accumulator (bwd_dkv_accum_offset),
 // which bwd_dq_accum_elems sizes from this same answer: a function of p and the current device only.
 constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplits = 8;
+
+// Each forward comes in two kernels per (head dim, dtype): the plain one (causal, a window's right edge)
+// and the extended one, which adds a window's left edge (MaskBoth steps), softcap and ALiBi behind runtime
+// flags, so that the plain one keeps its code and registers (benchmarks/TUNING.md step 44).
+inline bool fwd_extended(const FwdParams& p) {
+  return p.window_left >= 0 || p.softcap > 0.f || p.alibi_slopes != nullptr;
+}
+// The backward likewise, for softcap and ALiBi (windows cost its plain kernels nothing measurable: step 44).
+inline bool bwd_extended(const FwdParams& p) { return p.softcap > 0.f || p.alibi_slopes != nullptr; }
 inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   *splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
@@ -66,6 +75,20 @@ inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   const int64_t target = (p.causal ? 4 : 1) * int64_t(num_sms);
   while (*splits * 2 <= kMaxHeadSplits && group % (*splits * 2) == 0 && key_blocks * *splits < target) {
     *splits *= 2;
+  }
+  if (p.window_left >= 0) {
+    // A window's blocks that run together are about num_sms / splits key blocks of one kv head, whose query
+    // rows span those keys plus the window: split while their heads' Q, dO and dQ-accumulator rows exceed
+    // half the L2 and a split narrows the span (16:4 heads, d 128, 16k, window 1024 on an H100: 74 MB with
+    // one split, L2 hit rate 34%).
+    auto rows = [&](int s) {
+      return std::min<int64_t>(p.seqlen_q, int64_t(kKeys) * num_sms / s + p.window_left + kKeys);
+    };
+    for (int next = *splits + 1; next <= kMaxHeadSplits && rows(*splits) * group * 8 * p.head_dim > l2_bytes / 2;
+         ++next) {
+      if (group % next == 0 && rows(next) < rows(*splits)) *splits = next;
+    }
+    return cudaSuccess;
   }
   if (!p.causal) return cudaSuccess;
   const int64_t spread_rows = std::min<int64_t>(p.seqlen_q, int64_t(kKeys) * num_sms);

@@ -1,4 +1,4 @@
-// FA2's online softmax over one thread's rows of S, kept in registers.
+// FA2's online softmax over one thread's rows of S, kept in registers; and logit soft-capping.
 //
 // O accumulates unnormalized: each new tile rescales O and the running row sums by exp(m_old - m_new)
 // once, and O is divided by the row sum only at the end. Scores stay unscaled; exponentials are
@@ -12,6 +12,17 @@
 #include "common/utils.h"
 
 namespace flash_attn2 {
+
+// Logit soft-capping: S (raw scores) -> tanh(S * scale / softcap), in place. The softmax then runs with
+// softcap as its scale, on softcap * tanh(scale S / softcap); masks set -inf after this.
+template <class TensorS>
+__device__ void softcap_scores(TensorS& S, float scale_over_softcap) {
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(S); ++i) S(i) = fast_tanh(S(i) * scale_over_softcap);
+}
+
+// The softcap's derivative, 1 - t^2, for t = tanh(...) of a score (0 where t is -inf: a masked score).
+__device__ __forceinline__ float softcap_grad(float t) { return fmaxf(0.f, 1.f - t * t); }
 
 template <int kRows>
 struct OnlineSoftmax {

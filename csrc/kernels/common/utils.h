@@ -21,6 +21,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+__device__ __forceinline__ float fast_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Fire-and-forget fp32 adds of v[0..3] to ptr[0..3] (16-byte aligned) in global memory: one vector
 // reduction on sm_90, four scalar ones before. Spelled out because atomicAdd on a pointer the compiler
 // cannot prove global becomes a generic atomic with a compare-and-swap fallback.

@@ -13,6 +13,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/alibi.h"
 #include "common/block_range.h"
 #include "sm80/dq_accum.h"
 #include "flash_attn2/flash_attn2.h"
@@ -20,6 +21,7 @@
 #include "common/mask.h"
 #include "common/registry.h"  // bwd_dkv_accum_offset
 #include "common/seqlen.h"
+#include "common/softmax.h"  // softcap
 #include "common/utils.h"
 
 namespace flash_attn2 {
@@ -36,7 +38,8 @@ __host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
 
 // head_splits (registry.h: bwd_head_splits) consecutive blocks share a key block, each with its share of the
 // query-head group; above 1 they add dK and dV into fp32 accumulators instead of storing them.
-template <class Traits>
+// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags.
+template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params,
                                                                    int head_splits) {
   using namespace cute;
@@ -162,7 +165,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
 
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
-  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  // Softcap: the scores become t = tanh(S scale / softcap), whose softmax has softcap as its scale; dS picks
+  // up the factor 1 - t^2 (softcap_grad).
+  const bool softcap = kExtended && p.softcap > 0.f;
+  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
 
   for (int n_block = split; n_block * kBlockN < seq.len_k; n_block += num_splits) {
     const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(window, n_block);
@@ -216,15 +222,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
+      if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
+      // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
+      const Alibi alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh);
+      auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(S); ++c) {
-          S(r, c) = fast_exp2(S(r, c) * scale_log2 - lse_log2[r]);  // P
-          dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]);                // dS
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(S); ++c) {
+            float grad = 1.f, bias = 0.f;
+            if constexpr (decltype(extended)::value) {
+              grad = softcap ? softcap_grad(S(r, c)) : 1.f;
+              bias = alibi.bias(row0 + get<0>(tScS(r, c)), n_block * kBlockN + get<1>(tScS(r, c)));  // 0 without
+            }
+            S(r, c) = fast_exp2((S(r, c) + bias) * scale_log2 - lse_log2[r]);  // P
+            dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]) * grad;                   // dS
+          }
         }
-      }
+      };
+      probs(bool_constant<kExtended>{});
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
       // The next block's loads go out only now, so that their shared-memory writes stay out of the S

@@ -12,7 +12,7 @@ namespace flash_attn2 {
 
 template <class Traits>
 cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
-  auto kernel = &bwd_kernel<Traits>;
+  auto kernel = bwd_extended(params) ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
   int head_splits = 1;

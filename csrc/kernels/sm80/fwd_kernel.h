@@ -7,6 +7,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/alibi.h"
 #include "common/block_range.h"
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
@@ -19,9 +20,9 @@
 namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
-// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kLeftEdge: the window has a left
-// edge (has_left_edge), whose blocks mask both edges.
-template <class Traits, bool kLeftEdge>
+// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kExtended (fwd_extended): a
+// window's left edge, whose blocks mask both edges, softcap and ALiBi.
+template <class Traits, bool kExtended>
 __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenInfo& seq, int bidb, int bidh,
                                          int m_block) {
   using namespace cute;
@@ -33,7 +34,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   const int tid = threadIdx.x;
   const int bidh_k = bidh / (params.num_heads / params.num_heads_k);
   const Window window(seq.len_q, seq.len_k, params);
-  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN, kLeftEdge>(window, m_block);
+  const BlockRange blocks = fwd_block_range<kBlockM, kBlockN, kExtended>(window, m_block);
   const int rows_left = seq.len_q - m_block * kBlockM;
 
   Tensor mQ = gmem_rows<kHeadDim>(static_cast<const Element*>(params.q) + seq.offset_q(params.q_batch_stride, params.q_row_stride, bidb) +
@@ -100,7 +101,9 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
 
   Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
   const Mask mask{window};
-  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(params.softmax_scale);
+  const bool softcap = kExtended && params.softcap > 0.f;
+  const Alibi alibi(params, seq.len_q, seq.len_k, bidb, bidh);
+  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(softcap ? params.softcap : params.softmax_scale);
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -112,6 +115,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     cp_async_fence();
     gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, tSsK, smem_copy_k);
     Tensor S = rowcol_view(acc_s);
+    if constexpr (kExtended) {
+      if (softcap) softcap_scores(S, params.softmax_scale / params.softcap);
+      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed, and every warp is done reading K[n]
@@ -132,7 +139,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     cp_async_fence();
   }
   int n_block = blocks.n_max - 1;
-  if constexpr (kLeftEdge) {  // one loop and one masked step for both edges: fewer copies, fewer spills
+  if constexpr (kExtended) {  // one loop and one masked step for both edges: fewer copies, fewer spills
     for (; n_block >= blocks.n_min; --n_block) {
       if (n_block >= blocks.n_masked_min || n_block < blocks.n_unmasked_min) {
         step(n_block, MaskBoth{});
@@ -174,7 +181,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   store_tile(gmem_copy_o, tOrO, tOgO, tOcO, rows_left, params.head_dim);
 }
 
-template <class Traits, bool kLeftEdge>
+template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
   const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
   if (params.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
@@ -183,7 +190,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
                         params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,
                         int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
   }
-  if (tile.valid) fwd_tile<Traits, kLeftEdge>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
+  if (tile.valid) fwd_tile<Traits, kExtended>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
 }
 
 }  // namespace flash_attn2

@@ -10,7 +10,7 @@ namespace flash_attn2 {
 
 template <class Traits>
 cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
-  auto kernel = has_left_edge(params) ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
+  auto kernel = fwd_extended(params) ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(params);

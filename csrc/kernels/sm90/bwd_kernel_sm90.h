@@ -127,7 +127,8 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
 
 }  // namespace sm90
 
-template <class Traits>
+// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags.
+template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
@@ -184,9 +185,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
   if constexpr (Traits::kWide) {
-    bwd_consume_wide(args, smem, work, warpgroup - 1);
+    bwd_consume_wide<Traits, kExtended>(args, smem, work, warpgroup - 1);
   } else {
-    bwd_consume(args, smem, work, warpgroup - 1);
+    bwd_consume<Traits, kExtended>(args, smem, work, warpgroup - 1);
   }
 #endif
 }

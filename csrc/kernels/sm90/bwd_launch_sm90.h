@@ -29,7 +29,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = bwd_head_splits(p, &head_splits)) return err;
   const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = &bwd_kernel_sm90<Traits>;
+  auto kernel = bwd_extended(p) ? &bwd_kernel_sm90<Traits, true> : &bwd_kernel_sm90<Traits, false>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
   const int64_t rows_extent = bwd_softmax_d_elems(p);

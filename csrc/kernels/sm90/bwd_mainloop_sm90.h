@@ -9,10 +9,13 @@
 
 #include "sm90/bwd_work_sm90.h"
 
+#include "common/alibi.h"
+#include "common/softmax.h"  // softcap_grad
+
 namespace flash_attn2::sm90 {
 
 // Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the block's key block.
-template <class Traits>
+template <class Traits, bool kExtended>
 __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                             const BwdWork<Traits>& work, int wg) {
   using namespace cute;
@@ -56,7 +59,11 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
   constexpr int kCols = decltype(size<1>(tScS))::value;
-  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  // Softcap: the scores become t = tanh(S scale / softcap) (softmax scale: softcap); dS picks up 1 - t^2,
+  // t recomputed from P, the LSE and ALiBi's bias so that no register holds it across the dP wait.
+  const bool softcap = kExtended && p.softcap > 0.f;
+  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
+  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
   auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
@@ -114,7 +121,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs, then dS^T = P^T o (dP^T - D). Where a pair
     // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
     // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
-    auto softmax = [&](auto masked) {
+    const Alibi alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step));
+    auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
       int rows_begin[size<0>(St)], rows_end[size<0>(St)];
       if constexpr (decltype(masked)::value) {
@@ -139,25 +147,40 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
         const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
         CUTE_UNROLL
         for (int r = 0; r < size<0>(St); ++r) {
-          const float pt = fast_exp2(St(r, c) * scale_log2 - lse_log2);
+          float s = St(r, c);
+          if constexpr (decltype(extended)::value) {
+            if (softcap) s = fast_tanh(s * scale_over_softcap);
+            s += alibi.bias(row0 + get<1>(tScS(r, c)), key0 + get<0>(tScS(r, 0)));
+          }
+          const float pt = fast_exp2(s * scale_log2 - lse_log2);
           St(r, c) = keep(r, c) ? pt : 0.f;
         }
       }
       warpgroup_wait<0>();
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
-        const float dsum = smem.dsum[stage][rows_shift + get<1>(tScS(0, c))];
+        const int row = rows_shift + get<1>(tScS(0, c));
+        const float dsum = smem.dsum[stage][row];
         CUTE_UNROLL
         for (int r = 0; r < size<0>(St); ++r) {
-          const float ds = St(r, c) * (dPt(r, c) - dsum);
+          float ds = St(r, c) * (dPt(r, c) - dsum);
+          if constexpr (decltype(extended)::value) {
+            if (softcap) {
+              const float t = (__log2f(St(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2 -
+                              alibi.bias(row0 + get<1>(tScS(r, c)), key0 + get<0>(tScS(r, 0)));
+              ds *= softcap_grad(t);
+            }
+          }
           dPt(r, c) = keep(r, c) ? ds : 0.f;
         }
       }
     };
-    if (m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q) {
-      softmax(std::true_type{});
+    const bool masked =
+        m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q;
+    if (masked) {
+      softmax(std::true_type{}, std::bool_constant<kExtended>{});
     } else {
-      softmax(std::false_type{});
+      softmax(std::false_type{}, std::bool_constant<kExtended>{});
     }
     if (kDeferDQ && step == 0 && wg == 0) named_barrier_arrive(Traits::kConsumerThreads, int(BwdBarrier::kStagger));
     // Varlen: Q and dO rows past the sequence to zero before dK += dS^T Q and dV += P^T dO read them (their

@@ -10,9 +10,12 @@
 
 #include "sm90/bwd_work_sm90.h"
 
+#include "common/alibi.h"
+#include "common/softmax.h"  // softcap_grad
+
 namespace flash_attn2::sm90 {
 
-template <class Traits>
+template <class Traits, bool kExtended>
 __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const BwdWork<Traits>& work, int wg) {
   using namespace cute;
@@ -66,7 +69,11 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
-  const float scale_log2 = p.softmax_scale * float(M_LOG2E);
+  // Softcap and ALiBi as in bwd_mainloop_sm90.h: t = tanh(S scale / softcap), dS times 1 - t^2, t recomputed
+  // from P, the LSE and the bias.
+  const bool softcap = kExtended && p.softcap > 0.f;
+  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
+  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
   using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
   auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
@@ -102,7 +109,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs, then dS = P o (dP - D); where a pair may be hidden
     // (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
-    auto softmax = [&](auto masked) {
+    const Alibi alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step));
+    auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
       int keys_begin[kRows], keys_end[kRows];
       if constexpr (decltype(masked)::value) {
@@ -127,25 +135,40 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         const float lse_log2 = smem.lse_log2[stage][rows_shift + get<0>(tScS(r, 0))];  // +inf for a row that saw no key
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          const float pv = fast_exp2(S(r, c) * scale_log2 - lse_log2);
+          float s = S(r, c);
+          if constexpr (decltype(extended)::value) {
+            if (softcap) s = fast_tanh(s * scale_over_softcap);
+            s += alibi.bias(row0 + get<0>(tScS(r, c)), key0 + get<1>(tScS(r, c)));
+          }
+          const float pv = fast_exp2(s * scale_log2 - lse_log2);
           S(r, c) = keep(r, c) ? pv : 0.f;
         }
       }
       warpgroup_wait<0>();
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
-        const float dsum = smem.dsum[stage][rows_shift + get<0>(tScS(r, 0))];
+        const int row = rows_shift + get<0>(tScS(r, 0));
+        const float dsum = smem.dsum[stage][row];
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
-          const float ds = S(r, c) * (dP(r, c) - dsum);
+          float ds = S(r, c) * (dP(r, c) - dsum);
+          if constexpr (decltype(extended)::value) {
+            if (softcap) {
+              const float t = (__log2f(S(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2 -
+                              alibi.bias(row0 + get<0>(tScS(r, c)), key0 + get<1>(tScS(r, c)));
+              ds *= softcap_grad(t);
+            }
+          }
           dP(r, c) = keep(r, c) ? ds : 0.f;
         }
       }
     };
-    if (m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max || row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k) {
-      softmax(std::true_type{});
+    const bool masked = m_block < work.blocks.m_unmasked_min || m_block >= work.blocks.m_unmasked_max ||
+                        row0 + kBlockM > seq.len_q || key0 + kKeys > seq.len_k;
+    if (masked) {
+      softmax(std::true_type{}, std::bool_constant<kExtended>{});
     } else {
-      softmax(std::false_type{});
+      softmax(std::false_type{}, std::bool_constant<kExtended>{});
     }
     // P and dS to shared memory once every warpgroup's last GEMMs are done with them (and, for varlen,
     // with Q and dO's rows past the sequence, zeroed here: their P and dS rows are 0, but 0 x NaN is not).

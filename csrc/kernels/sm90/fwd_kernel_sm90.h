@@ -27,7 +27,7 @@
 
 namespace flash_attn2 {
 
-template <class Traits, bool kLeftEdge>
+template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
@@ -78,9 +78,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       if (tile.valid) {
         const SeqlenInfo seq(p, tile.bidb);
         const BlockRange blocks =
-            fwd_block_range<Traits::kBlockM, Traits::kBlockN, kLeftEdge>(Window(seq.len_q, seq.len_k, p), tile.m_block);
+            fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.m_block);
         if (blocks.n_max > blocks.n_min) {
-          fwd_produce_tile<Traits, kLeftEdge>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
+          fwd_produce_tile<Traits, kExtended>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
           q_phase ^= 1;
         }
       }
@@ -109,12 +109,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       if (!tile.valid) continue;
       const SeqlenInfo seq(p, tile.bidb);
       const BlockRange blocks =
-          fwd_block_range<Traits::kBlockM, Traits::kBlockN, kLeftEdge>(Window(seq.len_q, seq.len_k, p), tile.m_block);
+          fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.m_block);
       if (blocks.n_max <= blocks.n_min) {
         fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
         continue;
       }
-      fwd_consume_tile<Traits, kLeftEdge>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
+      fwd_consume_tile<Traits, kExtended>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
       q_phase ^= 1;
     }
     if (thread % 128 == 0) cute::tma_store_wait<0>();  // shared memory must outlive the last O store's reads

@@ -9,6 +9,7 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/alibi.h"
 #include "common/block_range.h"
 #include "common/mask.h"
 #include "common/seqlen.h"
@@ -28,12 +29,12 @@ enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
 // The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
 // the window's right edge for its own rows; none for rows past the sequence. Empty when n_max == n_min.
 // Blocks before its own rows' left edge stay (the stages go round in order), masked.
-template <class Traits, bool kLeftEdge>
+template <class Traits, bool kExtended>
 __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRange& tile_blocks, int m_block,
                                             int warpgroup) {
   const int row_block = m_block * Traits::kConsumerWarpgroups + warpgroup;  // in units of 64 rows
   if (row_block * 64 >= window.len_q) return {tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min};
-  BlockRange blocks = fwd_block_range<64, Traits::kBlockN, kLeftEdge>(window, row_block);
+  BlockRange blocks = fwd_block_range<64, Traits::kBlockN, kExtended>(window, row_block);
   blocks.n_min = tile_blocks.n_min;
   blocks.n_max = max(blocks.n_min, min(blocks.n_max, tile_blocks.n_max));
   return blocks;
@@ -43,7 +44,7 @@ __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRan
 // once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
 // `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
 // (they skip it). The pipeline states carry over from tile to tile.
-template <class Traits, bool kLeftEdge>
+template <class Traits, bool kExtended>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
                                  PipelineState& state, uint32_t q_phase, bool leader) {
@@ -80,7 +81,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   int wg_n_max[Traits::kConsumerWarpgroups];
   CUTE_UNROLL
   for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
-    wg_n_max[w] = warpgroup_block_range<Traits, kLeftEdge>(window, blocks, m_block, w).n_max;
+    wg_n_max[w] = warpgroup_block_range<Traits, kExtended>(window, blocks, m_block, w).n_max;
   }
   auto release_for_skippers = [&](uint64_t* empty, int n_block) {
     CUTE_UNROLL
@@ -142,8 +143,8 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-// kLeftEdge: the window has a left edge (has_left_edge), whose blocks mask both edges.
-template <class Traits, bool kLeftEdge>
+// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap and ALiBi.
+template <class Traits, bool kExtended>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
                                  int m_block, int thread, PipelineState& k_state, PipelineState& v_state,
@@ -175,7 +176,9 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   constexpr int kRows = decltype(size<0>(tScS))::value;
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
-  OnlineSoftmax<kRows> softmax(p.softmax_scale);
+  const bool softcap = kExtended && p.softcap > 0.f;
+  const Alibi alibi(p, seq.len_q, seq.len_k, bidb, bidh);
+  OnlineSoftmax<kRows> softmax(softcap ? p.softcap : p.softmax_scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
   // S = Q K[n]^T of the next block is issued before O += P V[n + 1] of the current one, so the softmax of
@@ -203,7 +206,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     int readers = 0, zeroer = 0;
     CUTE_UNROLL
     for (int w = 0; w < kGroups; ++w) {
-      const BlockRange r = warpgroup_block_range<Traits, kLeftEdge>(window, tile_blocks, m_block, w);
+      const BlockRange r = warpgroup_block_range<Traits, kExtended>(window, tile_blocks, m_block, w);
       if (r.n_max == tile_blocks.n_max && r.n_max > r.n_min) ++readers, zeroer = w;
     }
     if (warpgroup == zeroer) {
@@ -226,6 +229,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + (warpgroup + 1) % kGroups);
   };
   auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
+    if constexpr (kExtended) {
+      if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
+      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     softmax.update_scores(S, correction);
   };
@@ -250,7 +257,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   };
 
   // The blocks this warpgroup skips come first (the producer released their stages for it).
-  const BlockRange blocks = warpgroup_block_range<Traits, kLeftEdge>(window, tile_blocks, m_block, warpgroup);
+  const BlockRange blocks = warpgroup_block_range<Traits, kExtended>(window, tile_blocks, m_block, warpgroup);
   const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
   k_state.template advance<Traits::kStages>(skipped);
   v_state.template advance<Traits::kStages>(skipped);
@@ -266,8 +273,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     release(smem.k_empty, k_state);
     if (n_block >= blocks.n_masked_min) {
       softmax_step(n_block, MaskRight{});
-    } else if (kLeftEdge && n_block < blocks.n_unmasked_min) {
-      if constexpr (kLeftEdge) softmax_step(n_block, MaskBoth{});
+    } else if (kExtended && n_block < blocks.n_unmasked_min) {
+      if constexpr (kExtended) softmax_step(n_block, MaskBoth{});
     } else {
       softmax_step(n_block, MaskNone{});
     }
@@ -275,7 +282,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     const int key_tail = blocks.n_max * kBlockN - seq.len_k;  // rows of the sequence's last block past its end
     if (p.cu_seqlens_k != nullptr && key_tail > 0) zero_v_tail(key_tail);  // (only its readers get here)
     for (--n_block; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
-    if constexpr (kLeftEdge) {
+    if constexpr (kExtended) {
       for (; n_block >= blocks.n_unmasked_min; --n_block) step(n_block, MaskNone{});
       for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskBoth{});
     } else {

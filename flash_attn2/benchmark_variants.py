@@ -1,0 +1,94 @@
+"""What softcap and ALiBi cost against plain attention, per path.
+
+    python -m flash_attn2.benchmark_variants [--hdims 64 128 256] [--seqlens 4096 16384] [--passes fwd bwd]
+                                             [--backends flash_attn2 flash_attn2_sm80]
+
+bf16, the FA2 grid's shapes (16k tokens per batch, 2048 / hdim heads), causal and not. At each point
+flash_attn2 is timed plain, with softcap=50 (Gemma 2's), with ALiBi (MPT's slopes 2^(-8 (i + 1) / h)) and
+with both, in rounds with the order rotated; flash_attn2_sm80 runs forward and backward on the SM80 path
+(skipped where this build or GPU lacks it). Prints each variant's time over plain's on the same path and
+appends to <out_dir>/<gpu>_variants.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from .benchmark import FLASH_ATTN2_BACKENDS, HIDDEN, TOKENS, add_run_args, append_csv, forward_backend, \
+    time_interleaved, warm_up_gpu
+from .flash_attn_interface import flash_attn_func
+
+COLUMNS = ("gpu", "impl", "variant", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms")
+SOFTCAP = 50.0
+
+
+def variant_kwargs(nheads):
+    slopes = torch.tensor([2 ** (-8 * (i + 1) / nheads) for i in range(nheads)], device="cuda")
+    return {"plain": {}, "softcap": {"softcap": SOFTCAP}, "alibi": {"alibi_slopes": slopes},
+            "softcap_alibi": {"softcap": SOFTCAP, "alibi_slopes": slopes}}
+
+
+def make_run(backend, q, k, v, dout, causal, kwargs, pass_):
+    """One timed run of pass_ on `backend`'s path; the backward is on it too (the variable is read per call)."""
+    def forward():
+        return flash_attn_func(q, k, v, causal=causal, **kwargs)
+    if pass_ == "fwd":
+        def run():
+            with forward_backend(backend), torch.no_grad():
+                forward()
+        return run
+    with forward_backend(backend):
+        out = forward()
+
+    def run():
+        with forward_backend(backend):
+            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    return run
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hdims", type=int, nargs="+", default=[64, 128, 256])
+    p.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
+    p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
+    p.add_argument("--passes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    p.add_argument("--backends", nargs="+", default=list(FLASH_ATTN2_BACKENDS), choices=list(FLASH_ATTN2_BACKENDS))
+    add_run_args(p, reps=10)
+    args = p.parse_args(argv)
+    gpu = torch.cuda.get_device_name()
+    warm_up_gpu(args.warmup_s)
+    rows = []
+    for hdim in args.hdims:
+        for causal in (c == "true" for c in args.causal):
+            for seqlen in args.seqlens:
+                batch, nheads = TOKENS // seqlen, HIDDEN // hdim
+                q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16,
+                                             requires_grad=i < 3) for i in range(4))
+                for impl in args.backends:
+                    for pass_ in args.passes:
+                        runs = {}
+                        for name, kwargs in variant_kwargs(nheads).items():
+                            try:
+                                runs[name] = make_run(FLASH_ATTN2_BACKENDS[impl], q, k, v, dout, causal, kwargs, pass_)
+                                runs[name]()
+                            except (RuntimeError, NotImplementedError) as e:  # a path this build or GPU lacks
+                                runs.pop(name, None)
+                                print(f"  {impl} {name} {pass_} skipped: {str(e).splitlines()[0][:120]}")
+                        if "plain" not in runs:
+                            continue
+                        times = time_interleaved(runs, args.reps, args.rounds)
+                        for name, ms in times.items():
+                            rows.append(dict(gpu=gpu, impl=impl, variant=name, hdim=hdim, causal=causal, seqlen=seqlen,
+                                             batch=batch, nheads=nheads, **{"pass": pass_}, ms=f"{ms:.4f}"))
+                        plain = times["plain"]
+                        print(f"{impl} d={hdim} causal={causal!s:5} s={seqlen:5d} {pass_}: plain {plain:.3f} ms, " +
+                              ", ".join(f"{n} x{ms / plain:.3f}" for n, ms in times.items() if n != "plain"))
+                del q, k, v, dout
+    print(f"appended to {append_csv(rows, args.out_dir, '_variants.csv', COLUMNS)}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
