@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
       // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
-      const Alibi alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh);
+      const auto alibi = Alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
       auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
             float grad = 1.f, bias = 0.f;
             if constexpr (decltype(extended)::value) {
               grad = softcap ? softcap_grad(S(r, c)) : 1.f;
-              bias = alibi.bias(row0 + get<0>(tScS(r, c)), n_block * kBlockN + get<1>(tScS(r, c)));  // 0 without
+              bias = alibi(r, c);  // 0 without
             }
             S(r, c) = fast_exp2((S(r, c) + bias) * scale_log2 - lse_log2[r]);  // P
             dP(r, c) = S(r, c) * (dP(r, c) - dsum[r]) * grad;                   // dS

@@ -59,11 +59,10 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
   constexpr int kCols = decltype(size<1>(tScS))::value;
-  // Softcap: the scores become t = tanh(S scale / softcap) (softmax scale: softcap); dS picks up 1 - t^2,
-  // t recomputed from P, the LSE and ALiBi's bias so that no register holds it across the dP wait.
+  // Softcap: the scores become t = tanh(S scale / softcap) (softmax scale: softcap); dS picks up 1 - t^2.
   const bool softcap = kExtended && p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
-  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
+  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f;
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
   auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
@@ -121,7 +120,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs, then dS^T = P^T o (dP^T - D). Where a pair
     // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
     // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
-    const Alibi alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step));
+    const auto bias = Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
       int rows_begin[size<0>(St)], rows_end[size<0>(St)];
@@ -141,37 +140,47 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
           return true;
         }
       };
-      warpgroup_wait<1>();
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
+      if constexpr (decltype(extended)::value) {
+        // Softcap's derivative 1 - t^2 wants t = tanh(S scale / softcap) beside dP: both GEMMs first, then
+        // one pass, so that t neither waits in a register for dP nor is recomputed from P with a log (a third
+        // MUFU op per score, and registers the extended kernels do not have).
+        warpgroup_wait<0>();
         CUTE_UNROLL
-        for (int r = 0; r < size<0>(St); ++r) {
-          float s = St(r, c);
-          if constexpr (decltype(extended)::value) {
-            if (softcap) s = fast_tanh(s * scale_over_softcap);
-            s += alibi.bias(row0 + get<1>(tScS(r, c)), key0 + get<0>(tScS(r, 0)));
-          }
-          const float pt = fast_exp2(s * scale_log2 - lse_log2);
-          St(r, c) = keep(r, c) ? pt : 0.f;
-        }
-      }
-      warpgroup_wait<0>();
-      CUTE_UNROLL
-      for (int c = 0; c < kCols; ++c) {
-        const int row = rows_shift + get<1>(tScS(0, c));
-        const float dsum = smem.dsum[stage][row];
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(St); ++r) {
-          float ds = St(r, c) * (dPt(r, c) - dsum);
-          if constexpr (decltype(extended)::value) {
+        for (int c = 0; c < kCols; ++c) {
+          const int row = rows_shift + get<1>(tScS(0, c));
+          const float lse_log2 = smem.lse_log2[stage][row], dsum = smem.dsum[stage][row];
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(St); ++r) {
+            float s = St(r, c), grad = 1.f;
             if (softcap) {
-              const float t = (__log2f(St(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2 -
-                              alibi.bias(row0 + get<1>(tScS(r, c)), key0 + get<0>(tScS(r, 0)));
-              ds *= softcap_grad(t);
+              s = fast_tanh(s * scale_over_softcap);
+              grad = softcap_grad(s);
             }
+            const float pt = fast_exp2((s + bias(r, c)) * scale_log2 - lse_log2);
+            St(r, c) = keep(r, c) ? pt : 0.f;
+            dPt(r, c) = keep(r, c) ? pt * (dPt(r, c) - dsum) * grad : 0.f;
           }
-          dPt(r, c) = keep(r, c) ? ds : 0.f;
+        }
+      } else {
+        warpgroup_wait<1>();
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(St); ++r) {
+            const float pt = fast_exp2(St(r, c) * scale_log2 - lse_log2);
+            St(r, c) = keep(r, c) ? pt : 0.f;
+          }
+        }
+        warpgroup_wait<0>();
+        CUTE_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+          const float dsum = smem.dsum[stage][rows_shift + get<1>(tScS(0, c))];
+          CUTE_UNROLL
+          for (int r = 0; r < size<0>(St); ++r) {
+            const float ds = St(r, c) * (dPt(r, c) - dsum);
+            dPt(r, c) = keep(r, c) ? ds : 0.f;
+          }
         }
       }
     };

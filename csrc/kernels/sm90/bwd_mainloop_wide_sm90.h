@@ -69,11 +69,10 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
-  // Softcap and ALiBi as in bwd_mainloop_sm90.h: t = tanh(S scale / softcap), dS times 1 - t^2, t recomputed
-  // from P, the LSE and the bias.
+  // Softcap and ALiBi as in bwd_mainloop_sm90.h: t = tanh(S scale / softcap), dS times 1 - t^2.
   const bool softcap = kExtended && p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
-  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f, inv_scale_log2 = 1.f / scale_log2;
+  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f;
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
   using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
   auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
@@ -109,7 +108,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs, then dS = P o (dP - D); where a pair may be hidden
     // (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
-    const Alibi alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step));
+    const auto bias = Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
       int keys_begin[kRows], keys_end[kRows];
@@ -129,37 +128,47 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
           return true;
         }
       };
-      warpgroup_wait<1>();
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const float lse_log2 = smem.lse_log2[stage][rows_shift + get<0>(tScS(r, 0))];  // +inf for a row that saw no key
+      if constexpr (decltype(extended)::value) {
+        // Softcap's derivative 1 - t^2 wants t = tanh(S scale / softcap) beside dP: both GEMMs first, then
+        // one pass, so that t neither waits in a register for dP nor is recomputed from P with a log (a third
+        // MUFU op per score, and registers the extended kernels do not have).
+        warpgroup_wait<0>();
         CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          float s = S(r, c);
-          if constexpr (decltype(extended)::value) {
-            if (softcap) s = fast_tanh(s * scale_over_softcap);
-            s += alibi.bias(row0 + get<0>(tScS(r, c)), key0 + get<1>(tScS(r, c)));
-          }
-          const float pv = fast_exp2(s * scale_log2 - lse_log2);
-          S(r, c) = keep(r, c) ? pv : 0.f;
-        }
-      }
-      warpgroup_wait<0>();
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = rows_shift + get<0>(tScS(r, 0));
-        const float dsum = smem.dsum[stage][row];
-        CUTE_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-          float ds = S(r, c) * (dP(r, c) - dsum);
-          if constexpr (decltype(extended)::value) {
+        for (int r = 0; r < kRows; ++r) {
+          const int row = rows_shift + get<0>(tScS(r, 0));
+          const float lse_log2 = smem.lse_log2[stage][row], dsum = smem.dsum[stage][row];
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            float s = S(r, c), grad = 1.f;
             if (softcap) {
-              const float t = (__log2f(S(r, c)) + smem.lse_log2[stage][row]) * inv_scale_log2 -
-                              alibi.bias(row0 + get<0>(tScS(r, c)), key0 + get<1>(tScS(r, c)));
-              ds *= softcap_grad(t);
+              s = fast_tanh(s * scale_over_softcap);
+              grad = softcap_grad(s);
             }
+            const float pv = fast_exp2((s + bias(r, c)) * scale_log2 - lse_log2);
+            S(r, c) = keep(r, c) ? pv : 0.f;
+            dP(r, c) = keep(r, c) ? pv * (dP(r, c) - dsum) * grad : 0.f;
           }
-          dP(r, c) = keep(r, c) ? ds : 0.f;
+        }
+      } else {
+        warpgroup_wait<1>();
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float lse_log2 = smem.lse_log2[stage][rows_shift + get<0>(tScS(r, 0))];  // +inf for a row that saw no key
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const float pv = fast_exp2(S(r, c) * scale_log2 - lse_log2);
+            S(r, c) = keep(r, c) ? pv : 0.f;
+          }
+        }
+        warpgroup_wait<0>();
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const float dsum = smem.dsum[stage][rows_shift + get<0>(tScS(r, 0))];
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) {
+            const float ds = S(r, c) * (dP(r, c) - dsum);
+            dP(r, c) = keep(r, c) ? ds : 0.f;
+          }
         }
       }
     };
