@@ -32,6 +32,17 @@ MODELS = {
     "qwen2.5-7b": (28, 4, 128),
     "llama3-70b-tp8": (8, 1, 128),
     "gemma2-9b": (16, 8, 256),
+    "mistral-7b": (32, 8, 128),
+    "gemma2-9b-local": (16, 8, 256),
+    "gemma2-9b-global": (16, 8, 256),
+}
+# The models' other attention features: Mistral's sliding window; Gemma 2's logit softcap on every layer and
+# its 4096-key window on alternate (local) layers. PyTorch has no softcap; only its varlen attention takes a
+# window, so SDPA sits these out (and varlen_attn the softcapped ones).
+FEATURES = {
+    "mistral-7b": dict(window=4096),
+    "gemma2-9b-local": dict(window=4096, softcap=50.0),
+    "gemma2-9b-global": dict(softcap=50.0),
 }
 SEQLENS = (2048, 8192, 32768)
 TOKENS = 32768
@@ -52,9 +63,12 @@ def packed_lengths(tokens: int) -> list[int]:
     return lengths
 
 
-def causal_flops(lengths, nheads, hdim, pass_):
-    """FA2's count, halved for causal: 4 * h * s^2 * d / 2 per sequence; backward 2.5x."""
-    fwd = sum(2 * nheads * s * s * hdim for s in lengths)
+def causal_flops(lengths, nheads, hdim, pass_, window=None):
+    """FA2's count, halved for causal: 4 * h * s^2 * d / 2 per sequence (a causal window of w keys: 4 * h * d
+    per visible pair); backward 2.5x."""
+    def pairs2(s):  # twice the visible pairs, s^2 for plain causal as FA2 counts it
+        return s * s if window is None or window >= s else 2 * (window * (window + 1) // 2 + (s - window) * window)
+    fwd = sum(2 * nheads * pairs2(s) * hdim for s in lengths)
     return {"fwd": fwd, "fwd_train": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[pass_]
 
 
@@ -63,15 +77,31 @@ def make_run(fn, inputs, pass_, dout):
     return fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout)
 
 
-def dense_fn(impl, q, k, v, expand_kv=False):
+def ours_kwargs(features):
+    """flash_attn2's arguments for a model's FEATURES: a window of w keys is window_size=(w - 1, 0)."""
+    kwargs = {"softcap": features.get("softcap", 0.0)}
+    if "window" in features:
+        kwargs["window_size"] = (features["window"] - 1, 0)
+    return kwargs
+
+
+def dense_fn(impl, q, k, v, expand_kv=False, features=None):
     """(fn, the tensors to differentiate), or None. expand_kv: SDPA on k/v repeated to q's heads beforehand
     (outside the timing), for a backend that rejects enable_gqa."""
+    features = features or {}
     if impl in FLASH_ATTN2_BACKENDS:
+        kwargs = ours_kwargs(features)
+
         def ours():
             with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
-                return flash_attn_func(q, k, v, causal=True)
+                return flash_attn_func(q, k, v, causal=True, **kwargs)
         return ours, (q, k, v)
-    if impl not in SDPA_BACKENDS:
+    if impl == "torch_varlen" and features and "softcap" not in features:  # a window: varlen_attn on the batch
+        b, s = q.shape[:2]
+        cu = torch.arange(0, (b + 1) * s, s, device=q.device, dtype=torch.int32)
+        made = varlen_fn(impl, *(t.flatten(0, 1) for t in (q, k, v)), cu, s, features)
+        return None if made is None else ((lambda: made[0]().view(q.shape)), (q, k, v))
+    if impl not in SDPA_BACKENDS or features:
         return None
     if expand_kv:
         group = q.shape[2] // k.shape[2]
@@ -84,18 +114,22 @@ def dense_fn(impl, q, k, v, expand_kv=False):
     return sdpa, (q, k, v)
 
 
-def varlen_fn(impl, q, k, v, cu, max_len):
+def varlen_fn(impl, q, k, v, cu, max_len, features=None):
+    features = features or {}
     if impl in FLASH_ATTN2_BACKENDS:
+        kwargs = ours_kwargs(features)
+
         def ours():
             with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
-                return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True)
+                return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True, **kwargs)
         return ours, (q, k, v)
-    if impl == "torch_varlen":
+    if impl == "torch_varlen" and "softcap" not in features:
         try:
             from torch.nn.attention.varlen import varlen_attn
         except ImportError:
             return None
-        return (lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, window_size=(-1, 0))), (q, k, v)
+        window = (features["window"] - 1 if "window" in features else -1, 0)
+        return (lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, window_size=window)), (q, k, v)
     return None
 
 
@@ -105,6 +139,7 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
     rows = []
     for shape in models:
         nheads, nheads_k, hdim = MODELS[shape]
+        features = FEATURES.get(shape, {})
         points = [(s, [s] * max(1, tokens // s)) for s in seqlens] + [("packed", packed_lengths(tokens))]
         for seqlen, lengths in points:
             grad = any(p in ("bwd", "fwd_bwd") for p in passes)
@@ -122,7 +157,8 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
                 runs = {}
                 for impl in impls:
                     for expand_kv in (False, True):  # SDPA with enable_gqa, else on repeated k/v
-                        made = varlen_fn(impl, q, k, v, cu, max(lengths)) if packed else dense_fn(impl, q, k, v, expand_kv)
+                        made = (varlen_fn(impl, q, k, v, cu, max(lengths), features) if packed
+                                else dense_fn(impl, q, k, v, expand_kv, features))
                         if made is None:
                             break
                         try:
@@ -136,7 +172,7 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
                             if packed or impl not in SDPA_BACKENDS:
                                 break
                 for impl, ms in time_interleaved(runs, reps, rounds).items():
-                    tflops = causal_flops(lengths, nheads, hdim, pass_) / ms / 1e9
+                    tflops = causal_flops(lengths, nheads, hdim, pass_, features.get("window")) / ms / 1e9
                     rows.append(dict(gpu=gpu, impl=impl, shape=shape, dtype="bf16", hdim=hdim, causal=True,
                                      seqlen=seqlen, batch=batch, nheads=nheads, nheads_k=nheads_k, **{"pass": pass_},
                                      ms=round(ms, 5), tflops=round(tflops, 2)))

@@ -29,6 +29,20 @@ def test_model_flops_are_per_sequence_causal():
     assert benchmark_models.causal_flops([64], 1, 64, "fwd_train") == benchmark_models.causal_flops([64], 1, 64, "fwd")
 
 
+def test_model_flops_count_a_window_visible_pairs():
+    # A causal window of w keys sees min(i + 1, w) keys at row i: 4 * h * d per pair; none wider than s.
+    s, w = 100, 30
+    pairs = sum(min(i + 1, w) for i in range(s))
+    assert benchmark_models.causal_flops([s], 2, 64, "fwd", window=w) == 4 * 2 * 64 * pairs
+    assert benchmark_models.causal_flops([s], 2, 64, "fwd", window=s) == benchmark_models.causal_flops([s], 2, 64, "fwd")
+
+
+def test_model_features_become_flash_attn_arguments():
+    kwargs = benchmark_models.ours_kwargs(benchmark_models.FEATURES["gemma2-9b-local"])
+    assert kwargs == {"softcap": 50.0, "window_size": (4095, 0)}
+    assert benchmark_models.ours_kwargs({}) == {"softcap": 0.0}
+
+
 def test_model_summary_geomean_and_min():
     rows = [dict(impl=impl, shape=shape, seqlen=2048, tflops=tflops, **{"pass": "fwd"})
             for impl, shape, tflops in [("flash_attn2", "a", 400.0), ("sdpa_cudnn", "a", 500.0),
