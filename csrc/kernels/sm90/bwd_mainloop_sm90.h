@@ -106,7 +106,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   for (int step = 0; step < steps; ++step) {
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
     const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
-    // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs.
+    // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs (plain kernels).
     // Warpgroup 1 starts once warpgroup 0 has formed its first P^T, to set the two out of phase.
     if (kDeferDQ && step == 0 && wg == 1) named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kStagger));
     barrier_wait(&smem.q_full[stage], state.phase);
@@ -117,7 +117,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)
     Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-    // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs, then dS^T = P^T o (dP^T - D). Where a pair
+    // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs (plain kernels), then dS^T = P^T o (dP^T - D). Where a pair
     // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
     // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
     const auto bias = Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
