@@ -117,10 +117,11 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)
     Tensor dPt = rowcol_view(acc_dp);  // (keys, queries)
-    // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs (plain kernels), then dS^T = P^T o (dP^T - D). Where a pair
-    // may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be anything
-    // (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
-    const auto bias = Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
+    // P^T = exp2(S^T scale log2e - LSE log2e) while dP^T runs (plain kernels), then dS^T = P^T o (dP^T - D).
+    // Where a pair may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be
+    // anything (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
+    const auto bias =
+        Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
       int rows_begin[size<0>(St)], rows_end[size<0>(St)];

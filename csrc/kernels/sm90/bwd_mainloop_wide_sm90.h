@@ -106,8 +106,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
     Tensor S = rowcol_view(acc_s);    // (queries, keys)
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
-    // P = exp2(S scale log2e - LSE log2e) while dP runs (plain kernels), then dS = P o (dP - D); where a pair may be hidden
-    // (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
+    // P = exp2(S scale log2e - LSE log2e) while dP runs (plain kernels), then dS = P o (dP - D); where a pair
+    // may be hidden (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
     const auto bias = Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
