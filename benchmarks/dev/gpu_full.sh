@@ -33,6 +33,8 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   s=$(date +%s); python3 -m pip wheel --no-build-isolation --no-deps -v -w $OUT/wheel . > $OUT/build.log 2>&1; rc=$?
   echo "build rc=$rc in $(( $(date +%s) - s )) s" | tee -a $OUT/summary.txt
   grep "spill stores" $OUT/build.log | grep -v " 0 bytes spill" | grep fwd_kernel_sm90 | tee -a $OUT/summary.txt
+  # ptxas C7510: a wgmma pipeline crossing a call (a helper left out of line), serialized: always a regression.
+  grep "C7510" $OUT/build.log | sed 's/.*function .\(_Z[^ ]*\).*/C7510 in \1/' | sort -u | tee -a $OUT/summary.txt
   [ $rc -eq 0 ] || { tail -30 $OUT/build.log; exit 1; }
   python3 -m pip install -q --no-deps $OUT/wheel/flash_attn2-*.whl
   if [ -n "${AB_WHEELS:-}" ]; then  # the new wheel timed against carried ones (last letter) before the tests
