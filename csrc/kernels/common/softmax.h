@@ -24,6 +24,32 @@ __device__ void softcap_scores(TensorS& S, float scale_over_softcap) {
 // The softcap's derivative, 1 - t^2, for t = tanh(...) of a score (0 where t is -inf: a masked score).
 __device__ __forceinline__ float softcap_grad(float t) { return fmaxf(0.f, 1.f - t * t); }
 
+// The Hopper backward's scores: with softcap (where the kernel is extended and the call sets it) they become
+// t = tanh(S scale / softcap), whose softmax scale is softcap and whose derivative 1 - t^2 dS picks up.
+struct BwdScores {
+  bool softcap;
+  float scale_log2, scale_over_softcap;
+
+  __device__ BwdScores(float softmax_scale, float softcap_value, bool extended)
+      : softcap(extended && softcap_value > 0.f),
+        scale_log2((softcap ? softcap_value : softmax_scale) * float(M_LOG2E)),
+        scale_over_softcap(softcap ? softmax_scale / softcap_value : 0.f) {}
+
+  // The extended kernels' P and dS of one score, in place: s (the raw score) becomes P = exp2((t + bias) scale
+  // log2e - LSE log2e), dp (dP) becomes dS = P (dP - D) (1 - t^2); a hidden pair (kept false) gets 0 for both.
+  __device__ __forceinline__ void p_and_ds(float& s, float& dp, float bias, float lse_log2, float dsum,
+                                           bool kept) const {
+    float grad = 1.f;
+    if (softcap) {
+      s = fast_tanh(s * scale_over_softcap);
+      grad = softcap_grad(s);
+    }
+    const float prob = fast_exp2((s + bias) * scale_log2 - lse_log2);
+    s = kept ? prob : 0.f;
+    dp = kept ? prob * (dp - dsum) * grad : 0.f;
+  }
+};
+
 template <int kRows>
 struct OnlineSoftmax {
   float row_max[kRows];  // of the raw scores seen so far; -inf while a row has seen no visible key

@@ -10,7 +10,7 @@
 #include "sm90/bwd_work_sm90.h"
 
 #include "common/alibi.h"
-#include "common/softmax.h"  // softcap_grad
+#include "common/softmax.h"  // BwdScores
 
 namespace flash_attn2::sm90 {
 
@@ -59,10 +59,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
   constexpr int kCols = decltype(size<1>(tScS))::value;
-  // Softcap: the scores become t = tanh(S scale / softcap) (softmax scale: softcap); dS picks up 1 - t^2.
-  const bool softcap = kExtended && p.softcap > 0.f;
-  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
-  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f;
+  const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
+  const float scale_log2 = scores.scale_log2;
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
   auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
@@ -152,14 +150,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
           const float lse_log2 = smem.lse_log2[stage][row], dsum = smem.dsum[stage][row];
           CUTE_UNROLL
           for (int r = 0; r < size<0>(St); ++r) {
-            float s = St(r, c), grad = 1.f;
-            if (softcap) {
-              s = fast_tanh(s * scale_over_softcap);
-              grad = softcap_grad(s);
-            }
-            const float pt = fast_exp2((s + bias(r, c)) * scale_log2 - lse_log2);
-            St(r, c) = keep(r, c) ? pt : 0.f;
-            dPt(r, c) = keep(r, c) ? pt * (dPt(r, c) - dsum) * grad : 0.f;
+            scores.p_and_ds(St(r, c), dPt(r, c), bias(r, c), lse_log2, dsum, keep(r, c));
           }
         }
       } else {

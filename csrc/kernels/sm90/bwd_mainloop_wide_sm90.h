@@ -11,7 +11,7 @@
 #include "sm90/bwd_work_sm90.h"
 
 #include "common/alibi.h"
-#include "common/softmax.h"  // softcap_grad
+#include "common/softmax.h"  // BwdScores
 
 namespace flash_attn2::sm90 {
 
@@ -69,10 +69,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
-  // Softcap and ALiBi as in bwd_mainloop_sm90.h: t = tanh(S scale / softcap), dS times 1 - t^2.
-  const bool softcap = kExtended && p.softcap > 0.f;
-  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
-  const float scale_over_softcap = softcap ? p.softmax_scale / p.softcap : 0.f;
+  const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
+  const float scale_log2 = scores.scale_log2;
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
   using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
   auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
@@ -139,14 +137,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
           const float lse_log2 = smem.lse_log2[stage][row], dsum = smem.dsum[stage][row];
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) {
-            float s = S(r, c), grad = 1.f;
-            if (softcap) {
-              s = fast_tanh(s * scale_over_softcap);
-              grad = softcap_grad(s);
-            }
-            const float pv = fast_exp2((s + bias(r, c)) * scale_log2 - lse_log2);
-            S(r, c) = keep(r, c) ? pv : 0.f;
-            dP(r, c) = keep(r, c) ? pv * (dP(r, c) - dsum) * grad : 0.f;
+            scores.p_and_ds(S(r, c), dP(r, c), bias(r, c), lse_log2, dsum, keep(r, c));
           }
         }
       } else {
