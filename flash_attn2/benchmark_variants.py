@@ -16,8 +16,8 @@ import argparse
 
 import torch
 
-from .benchmark import FLASH_ATTN2_BACKENDS, HIDDEN, TOKENS, add_run_args, append_csv, forward_backend, \
-    time_interleaved, warm_up_gpu
+from .benchmark import (FLASH_ATTN2_BACKENDS, HIDDEN, TOKENS, add_run_args, append_csv, forward_backend, pass_fn,
+                        time_interleaved, warm_up_gpu)
 from .flash_attn_interface import flash_attn_func
 
 COLUMNS = ("gpu", "impl", "variant", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms")
@@ -31,21 +31,14 @@ def variant_kwargs(nheads):
 
 
 def make_run(backend, q, k, v, dout, causal, kwargs, pass_):
-    """One timed run of pass_ on `backend`'s path; the backward is on it too (the variable is read per call)."""
-    def forward():
-        return flash_attn_func(q, k, v, causal=causal, **kwargs)
-    if pass_ == "fwd":
-        def run():
-            with forward_backend(backend), torch.no_grad():
-                forward()
-        return run
-    with forward_backend(backend):
-        out = forward()
+    """One timed run of pass_ on `backend`'s path; the backward too (the variable is read per call)."""
+    with forward_backend(backend):  # a bwd run's forward happens here
+        run = pass_fn(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs), pass_, (q, k, v), dout)
 
-    def run():
+    def on_backend():
         with forward_backend(backend):
-            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-    return run
+            run()
+    return on_backend
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from .benchmark import add_run_args, append_csv, time_interleaved, warm_up_gpu
+from .benchmark import add_run_args, append_csv, pass_fn, time_interleaved, warm_up_gpu
 from .flash_attn_interface import flash_attn_func
 
 COLUMNS = ("gpu", "impl", "seqlen", "window", "nheads", "nheads_k", "hdim", "pass", "ms", "visible_fraction")
@@ -48,13 +48,7 @@ def make_runs(q, k, v, window, pass_, dout):
     runs = {}
     for impl, fn in fns.items():
         try:
-            if pass_ == "fwd":
-                def run(fn=fn):
-                    with torch.no_grad():
-                        fn()
-            else:
-                out = fn()
-                run = (lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            run = pass_fn(fn, pass_, (q, k, v), dout)
             run()
             runs[impl] = run
         except (RuntimeError, TypeError, NotImplementedError) as e:  # a PyTorch without windows or this shape
