@@ -4,12 +4,11 @@ paths, every compiled head dim and dtype, with causal, windows, GQA and varlen."
 import pytest
 import torch
 
-import flash_attn2
-from flash_attn2.testing import attention_ref, attention_ref_varlen, reference_grads, within_tolerance
+from flash_attn2.testing import attention_ref, attention_ref_varlen, reference_grads
 
 from test_forward import DTYPES, HEAD_DIMS, dense_inputs, randn, require_kernel, varlen_inputs
 from test_backward import check_grads
-from test_window import backward, check_out, forward
+from test_window import backward, check_out, check_public_deterministic, forward
 
 pytestmark = pytest.mark.gpu
 
@@ -93,15 +92,4 @@ def test_softcap_public_api_deterministic():
     require_kernel(96, dtype)
     q = (randn(2, 500, 4, 80, dtype=dtype) * 4).requires_grad_()
     k, v = (randn(2, 600, 2, 80, dtype=dtype).requires_grad_() for _ in range(2))
-    dout = randn(*q.shape, dtype=dtype)
-    grads = []
-    for _ in range(3):
-        out = flash_attn2.flash_attn_func(q, k, v, causal=True, softcap=softcap, deterministic=True)
-        grads.append(torch.autograd.grad(out, (q, k, v), dout))
-    assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(g, grads[0]))
-    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up, softcap=softcap)[0],
-                                  (q, k, v), dout)
-    check_grads(grads[0], ref[1:], ref_pt[1:])
-    out_ref, _ = attention_ref(q, k, v, True, softcap=softcap)
-    out_pt, _ = attention_ref(q, k, v, True, upcast=False, softcap=softcap)
-    assert within_tolerance(out, out_ref, out_pt)[0]
+    check_public_deterministic(q, k, v, True, softcap=softcap)

@@ -117,6 +117,22 @@ def test_window_sm80(causal, window, head_dim, monkeypatch):
     check_grads(grads, ref[1:], ref_pt[1:])
 
 
+def check_public_deterministic(q, k, v, causal, window=(-1, -1), softcap=0.0):
+    """flash_attn_func (window_size=window, softcap) through autograd with deterministic=True, three times:
+    bitwise-equal gradients, and gradients and output against the float32 reference."""
+    dout = randn(*q.shape, dtype=q.dtype)
+    grads = []
+    for _ in range(3):
+        out = flash_attn2.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                          deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), dout))
+    assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(g, grads[0]))
+    ref_fn = lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, window=window, softcap=softcap)  # noqa: E731
+    ref, ref_pt = reference_grads(lambda q, k, v, up: ref_fn(q, k, v, up)[0], (q, k, v), dout)
+    check_grads(grads[0], ref[1:], ref_pt[1:])
+    assert within_tolerance(out, ref_fn(q, k, v, True)[0], ref_fn(q, k, v, False)[0])[0]
+
+
 @pytest.mark.parametrize("causal,window", [(False, (64, 64)), (True, (300, 0))], ids=["64-64", "causal-300"])
 def test_window_public_api_and_deterministic(causal, window):
     """flash_attn_func's window_size through autograd, a head dim between buckets; deterministic=True gives
@@ -125,19 +141,7 @@ def test_window_public_api_and_deterministic(causal, window):
     require_kernel(96, dtype)
     q = randn(2, 700, 4, 80, dtype=dtype).requires_grad_()
     k, v = (randn(2, 900, 2, 80, dtype=dtype).requires_grad_() for _ in range(2))
-    dout = randn(*q.shape, dtype=dtype)
-    grads = []
-    for _ in range(3):
-        out = flash_attn2.flash_attn_func(q, k, v, causal=causal, window_size=window, deterministic=True)
-        (dq, dk, dv) = torch.autograd.grad(out, (q, k, v), dout)
-        grads.append((dq, dk, dv))
-    assert all(torch.equal(a, b) for g in grads[1:] for a, b in zip(g, grads[0]))
-    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, window=window)[0],
-                                  (q, k, v), dout)
-    check_grads(grads[0], ref[1:], ref_pt[1:])
-    out_ref, _ = attention_ref(q, k, v, causal, window=window)
-    out_pt, _ = attention_ref(q, k, v, causal, upcast=False, window=window)
-    assert within_tolerance(out, out_ref, out_pt)[0]
+    check_public_deterministic(q, k, v, causal, window=window)
 
 
 @pytest.mark.parametrize("backend", ["default", "sm80"])
