@@ -60,15 +60,23 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   if (args.causal_order) {
     // Sections of about two waves of tiles, at most 16 MB of K and V (a query head's share: its KV head
     // serves the group). 32 MB sections ran d 128 causal 16k at 0.90x the one-block-per-tile grid.
+    const int group = p.num_heads / p.num_heads_k;
     const int num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
-    const int64_t kv_bytes = int64_t(p.seqlen_k) * p.head_dim * 2 * int(sizeof(typename Traits::Element)) /
-                             (p.num_heads / p.num_heads_k);
+    const int64_t kv_bytes = int64_t(p.seqlen_k) * p.head_dim * 2 * int(sizeof(typename Traits::Element)) / group;
     const int64_t by_l2 = (int64_t(16) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
     const int64_t by_waves = (2 * int64_t(grid) + num_m_blocks - 1) / num_m_blocks;
     // At least a wave of tiles per section: the fixed order gives a block no tile in a section smaller
     // than the grid (d 128 causal 512 x 32k keys would have run on 4 blocks).
     const int64_t min_heads = (int64_t(grid) + num_m_blocks - 1) / num_m_blocks;
     int64_t heads = std::max(std::min(by_waves, by_l2), min_heads);
+    // A section divides a query-head group or holds whole groups, so that none reads two KV heads where one
+    // would do: with 28:4 heads at 32k, sections of 2 query heads put two 16 MB KV heads in flight in 2 of
+    // every 7.
+    if (heads <= group) {
+      while (group % heads != 0) ++heads;
+    } else {
+      heads = (heads + group - 1) / group * group;
+    }
     heads = std::min(heads, int64_t(p.batch) * p.num_heads);
     args.causal_tiles = {num_m_blocks, int(heads)};
     if (p.tile_counter != nullptr) {
