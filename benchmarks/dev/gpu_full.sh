@@ -30,8 +30,11 @@ if [ "$STAGE" = retest ]; then
   exit 0
 fi
 if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
+  # NVCC_MEM=1: each nvcc job's peak memory and time in $OUT/nvcc_mem.log (benchmarks/dev/nvcc_mem.py)
+  [ "${NVCC_MEM:-0}" = 1 ] && export PYTORCH_NVCC="python3 $PWD/benchmarks/dev/nvcc_mem.py" NVCC_MEM_LOG=$OUT/nvcc_mem.log
   s=$(date +%s); python3 -m pip wheel --no-build-isolation --no-deps -v -w $OUT/wheel . > $OUT/build.log 2>&1; rc=$?
   echo "build rc=$rc in $(( $(date +%s) - s )) s" | tee -a $OUT/summary.txt
+  [ -f $OUT/nvcc_mem.log ] && sort -n $OUT/nvcc_mem.log | tail -3 | tee -a $OUT/summary.txt
   grep "spill stores" $OUT/build.log | grep -v " 0 bytes spill" | grep fwd_kernel_sm90 | tee -a $OUT/summary.txt
   # ptxas C7510: a wgmma pipeline crossing a call (a helper left out of line), serialized: always a regression.
   grep "C7510" $OUT/build.log | sed 's/.*function .\(_Z[^ ]*\).*/C7510 in \1/' | sort -u | tee -a $OUT/summary.txt
