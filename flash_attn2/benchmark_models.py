@@ -213,13 +213,15 @@ def plot(rows, path):
         for i, impl in enumerate(impls):
             values = {(r["shape"], str(r["seqlen"])): r["tflops"] for r in rows if (r["impl"], r["pass"]) == (impl, pass_)}
             xs = [j + i * width for j, p in enumerate(points) if p in values]
-            ax.bar(xs, [values[p] for p in points if p in values], width, label=impl)
+            ax.bar(xs, [values[p] for p in points if p in values], width, label=impl, color=f"C{i}")  # same in every pass
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))])
         ax.set_xticklabels([f"{s}\n{n}" for s, n in points], fontsize=7)
         ax.set_ylabel("TFLOPs/s")
         ax.set_title(f"{pass_}, causal, bf16", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
-    axes.flat[0].legend(fontsize=7, ncol=len(impls))
+    from matplotlib.patches import Patch  # an impl missing from a pass still gets its colour in the legend
+    fig.legend(handles=[Patch(color=f"C{i}", label=impl) for i, impl in enumerate(impls)], fontsize=7, ncol=len(impls),
+               loc="upper right")
     fig.suptitle(f"{rows[0]['gpu']}: model attention shapes, {TOKENS} tokens per batch")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
