@@ -46,8 +46,9 @@ def _extension_and_cmdclass():
     os.environ["MAX_JOBS"] = str(cfg.max_jobs())
     built = ";".join(cfg.built_arch_names(archs))
     fwd_paths = cfg.forward_paths(archs)
-    compact = f"-DFLASH_ATTN2_COMPACT_TILES={int(cfg.compact_tiles())}"
-    print(f"flash_attn2 build: archs {built}; forward {'+'.join(fwd_paths)}; compact tiles {cfg.compact_tiles()}; "
+    compact_tiles = cfg.compact_tiles(archs)
+    compact = f"-DFLASH_ATTN2_COMPACT_TILES={int(compact_tiles)}"
+    print(f"flash_attn2 build: archs {built}; forward {'+'.join(fwd_paths)}; compact tiles {compact_tiles}; "
           f"head dims {head_dims}; dtypes {dtypes}; "
           f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}"
           + (f"; libstdc++ from {link_args[0]} (the compiler has only a static one)" if link_args else ""))

@@ -133,11 +133,15 @@ def forward_paths(archs: list[str], env=os.environ) -> list[str]:
     return paths
 
 
-def compact_tiles(env=os.environ) -> bool:
+def compact_tiles(archs: list[str], env=os.environ) -> bool:
     """Whether the SM80 kernels also compile their compact tiles (backward: one Q / dO buffer), which GPUs
     with less shared memory per block than the full tiles need (A100 at head dims 224/256, sm_86/89 at all).
-    Only with FLASH_ATTN2_COMPACT_TILES=1 until they have run on a GPU; then for every target but sm_90."""
-    return env.get("FLASH_ATTN2_COMPACT_TILES", "0") not in ("", "0")
+    By default wherever the binary may meet such a GPU: any target but sm_90 machine code (an sm_80-89 one,
+    or PTX, which a newer GPU with 99 KB per block would JIT); FLASH_ATTN2_COMPACT_TILES=0 / 1 decides instead."""
+    value = env.get("FLASH_ATTN2_COMPACT_TILES", "").strip()
+    if value:
+        return value != "0"
+    return any(arch != HOPPER for arch in archs)
 
 
 def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], fwd_paths=("sm80",)) -> list[str]:

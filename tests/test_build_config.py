@@ -99,13 +99,16 @@ def test_forward_paths(archs, env, paths):
     assert f"-DFLASH_ATTN2_COMPILED_SM90_FWD={int('sm90' in paths)}" in defs
 
 
-@pytest.mark.parametrize("env,compact", [
-    ({}, False),  # not yet by default, for any arch: they have not run on a GPU
-    ({"FLASH_ATTN2_COMPACT_TILES": "1"}, True),
-    ({"FLASH_ATTN2_COMPACT_TILES": "0"}, False),
+@pytest.mark.parametrize("archs,env,compact", [
+    (["90"], {}, False),  # an H100 / H200 build: the full tiles fit
+    (["80"], {}, True),
+    (["86", "90"], {}, True),
+    (["90+PTX"], {}, True),  # PTX may meet a GPU with 99 KB per block
+    (["80", "90+PTX"], {"FLASH_ATTN2_COMPACT_TILES": "0"}, False),
+    (["90"], {"FLASH_ATTN2_COMPACT_TILES": "1"}, True),
 ])
-def test_compact_tiles(env, compact):
-    assert cfg.compact_tiles(env) == compact
+def test_compact_tiles(archs, env, compact):
+    assert cfg.compact_tiles(archs, env) == compact
 
 
 def test_libstdcxx_stays_shared(tmp_path):
