@@ -4,6 +4,7 @@
 #pragma once
 
 #include <climits>
+#include <type_traits>
 
 #include "common/registry.h"
 #include "sm90/bwd_kernel_sm90.h"
@@ -19,9 +20,9 @@ typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
   return make_tma_copy(SM90_TMA_LOAD{}, t, typename Traits::SmemLayoutRows{});
 }
 
-template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
-  using Traits = BwdTraitsSm90For<kHeadDim, ElementOf<kDType>>;
+template <class Traits, bool kExtended>
+cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
+  constexpr int kHeadDim = Traits::kHeadDim;
   if (p.num_splits > 0) return cudaErrorNotSupported;  // deterministic mode: the SM80 backward
   const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
   if (key_blocks == 0) return cudaSuccess;
@@ -29,7 +30,7 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = bwd_head_splits(p, &head_splits)) return err;
   const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = bwd_extended(p) ? &bwd_kernel_sm90<Traits, true> : &bwd_kernel_sm90<Traits, false>;
+  auto kernel = &bwd_kernel_sm90<Traits, kExtended>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
   const int64_t rows_extent = bwd_softmax_d_elems(p);
@@ -71,6 +72,16 @@ cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
 
   if (cudaError_t err = launch_bwd_convert_dq_sm90(p, kHeadDim, stream)) return err;
   return head_splits > 1 ? launch_bwd_convert_dkv(p, kHeadDim, stream) : cudaSuccess;
+}
+
+// The extended kernel at d 64 takes 64 query rows per step: with 128 its softcap / ALiBi registers spilled
+// 344 B (the plain kernel 156).
+template <int kHeadDim, DType kDType>
+cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
+  using Traits = BwdTraitsSm90For<kHeadDim, ElementOf<kDType>>;
+  using TraitsExtended = std::conditional_t<kHeadDim == 64, BwdTraitsSm90<64, ElementOf<kDType>, 64>, Traits>;
+  return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, stream)
+                         : launch_bwd_sm90_traits<Traits, false>(p, stream);
 }
 
 }  // namespace flash_attn2
