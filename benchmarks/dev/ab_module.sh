@@ -4,7 +4,7 @@
 # knobs exported around the call, e.g. FLASH_ATTN2_SM80_FWD=1, apply to both); TESTS (pytest paths) run on B
 # first; then `python -m $MODULE` (e.g. "flash_attn2.benchmark_variants --hdims 128") for A and B in turn,
 # ROUNDS times, the order rotated; logs under $OUT.
-#   WHEEL=.whl/all/*.whl D=64,128 TESTS=tests/test_alibi.py MODULE="flash_attn2.benchmark_variants --hdims 64 128" \
+#   WHEEL=.whl/all/*.whl D=64,128 TESTS=tests/test_score_mods.py MODULE="flash_attn2.benchmark_variants --hdims 64 128" \
 #     bash benchmarks/dev/ab_module.sh
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1

@@ -9,7 +9,7 @@ s=$(date +%s)
 FLASH_ATTN2_SM80_FWD=1 FLASH_ATTN2_HEAD_DIMS=${D:-64,128} FLASH_ATTN2_DTYPES=bf16 FLASH_ATTN2_CUDA_ARCHS=90 \
   python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 echo "built in $(( $(date +%s) - s )) s"
-timeout ${PYTEST_S:-200} python3 -m pytest ${TESTS:-tests/test_window.py tests/test_softcap.py tests/test_alibi.py tests/test_forward.py} \
+timeout ${PYTEST_S:-200} python3 -m pytest ${TESTS:-tests/test_window.py tests/test_score_mods.py tests/test_forward.py} \
   -k "${K:-sm80}" -q -rf -p no:cacheprovider > $OUT/pytest.log 2>&1; tail -3 $OUT/pytest.log
 timeout ${BENCH_S:-150} python3 -m flash_attn2.benchmark_variants --hdims ${HDIMS:-64 128} --backends flash_attn2_sm80 \
   --warmup-s 1 --out-dir $OUT 2>&1 | grep -v skipped | tee $OUT/variants.log
