@@ -77,11 +77,16 @@ def make_run(fn, inputs, pass_, dout):
     return fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout)
 
 
+def causal_window(features):
+    """window_size for a model's FEATURES under causal: a window of w keys is (w - 1, 0), none (-1, 0)."""
+    return (features["window"] - 1 if "window" in features else -1, 0)
+
+
 def ours_kwargs(features):
-    """flash_attn2's arguments for a model's FEATURES: a window of w keys is window_size=(w - 1, 0)."""
+    """flash_attn2's arguments for a model's FEATURES."""
     kwargs = {"softcap": features.get("softcap", 0.0)}
     if "window" in features:
-        kwargs["window_size"] = (features["window"] - 1, 0)
+        kwargs["window_size"] = causal_window(features)
     return kwargs
 
 
@@ -128,7 +133,7 @@ def varlen_fn(impl, q, k, v, cu, max_len, features=None):
             from torch.nn.attention.varlen import varlen_attn
         except ImportError:
             return None
-        window = (features["window"] - 1 if "window" in features else -1, 0)
+        window = causal_window(features)
         return (lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, window_size=window)), (q, k, v)
     return None
 
