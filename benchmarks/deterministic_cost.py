@@ -1,8 +1,13 @@
 """The deterministic backward's cost: its time over the default's, bf16, on the benchmark grid's shapes
-(batch * seqlen = 16k tokens, hidden 2048) plus a few-heads case where the splits cannot fill the GPU.
+(batch * seqlen = 16k tokens, hidden 2048), a few-heads case where the SM80 splits cannot fill the GPU, and
+two GQA model shapes at 8k. On an sm_90 GPU also deterministic mode on the Hopper backward
+(FLASH_ATTN2_BACKEND=sm90, ordered dQ adds), beside the default path's (the SM80 backward's split dQ
+accumulators).
 
     python benchmarks/deterministic_cost.py
 """
+
+import os
 
 import torch
 
@@ -11,24 +16,36 @@ from flash_attn2.benchmark import HEAD_DIMS, HIDDEN, TOKENS, median_ms, pass_fn
 
 
 def shapes():
+    """(batch, seqlen, heads, kv heads, head dim, causal)."""
     for hdim in HEAD_DIMS:
         for causal in (False, True):
             for seqlen in (1024, 4096, 16384):
-                yield TOKENS // seqlen, seqlen, HIDDEN // hdim, hdim, causal
+                yield TOKENS // seqlen, seqlen, HIDDEN // hdim, HIDDEN // hdim, hdim, causal
     for causal in (False, True):
-        yield 1, 16384, 2, 128, causal
+        yield 1, 16384, 2, 2, 128, causal
+    yield 1, 8192, 32, 8, 128, True  # Llama-3-8B
+    yield 1, 8192, 28, 4, 128, True  # Qwen2.5-7B
 
 
 def main():
-    for batch, seqlen, nheads, hdim, causal in shapes():
-        q, k, v, dout = (torch.randn(batch, seqlen, nheads, hdim, device="cuda", dtype=torch.bfloat16,
-                                     requires_grad=i < 3) for i in range(4))
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    modes = [("default", False, None), ("deterministic", True, None)]
+    if hopper:
+        modes.append(("deterministic sm90", True, "sm90"))
+    for batch, seqlen, heads, heads_k, hdim, causal in shapes():
+        q, k, v, dout = (torch.randn(batch, seqlen, heads if i in (0, 3) else heads_k, hdim, device="cuda",
+                                     dtype=torch.bfloat16, requires_grad=i < 3) for i in range(4))
         ms = {}
-        for deterministic in (False, True):
-            fn = lambda: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
-            ms[deterministic] = median_ms(pass_fn(fn, "bwd", (q, k, v), dout), reps=20)
-        print(f"b={batch} s={seqlen} h={nheads} d={hdim} causal={causal}: default {ms[False]:.3f} ms, "
-              f"deterministic {ms[True]:.3f} ms, x{ms[True] / ms[False]:.2f}")
+        for name, deterministic, backend in modes:
+            if backend is None:
+                os.environ.pop("FLASH_ATTN2_BACKEND", None)
+            else:
+                os.environ["FLASH_ATTN2_BACKEND"] = backend
+            fn = lambda: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)  # noqa: E731
+            ms[name] = median_ms(pass_fn(fn, "bwd", (q, k, v), dout), reps=20)
+        os.environ.pop("FLASH_ATTN2_BACKEND", None)
+        times = ", ".join(f"{name} {t:.3f} ms (x{t / ms['default']:.2f})" for name, t in ms.items())
+        print(f"b={batch} s={seqlen} h={heads}:{heads_k} d={hdim} causal={causal}: {times}")
 
 
 if __name__ == "__main__":

@@ -139,16 +139,18 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
 }
 
 // The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
-// deterministic mode, FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the
-// SM80 backward writes the zero dK / dV) and a dout whose strides TMA cannot take (zero, e.g. expanded over
-// heads); else the SM80 one, built for every head dim. nullptr for a bad FLASH_ATTN2_BACKEND.
+// FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the SM80 backward writes
+// the zero dK / dV), a dout whose strides TMA cannot take (zero, e.g. expanded over heads), and deterministic
+// mode unless FLASH_ATTN2_BACKEND=sm90 (its ordered dQ adds have not yet been measured against the SM80
+// backward's split accumulators); else the SM80 one, built for every head dim. nullptr for a bad
+// FLASH_ATTN2_BACKEND.
 BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p) {
   std::string backend;
   if (!requested_backend(&backend)) return nullptr;
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
-  const bool sm90 = k.bwd_sm90 != nullptr && p.num_splits == 0 && backend != "sm80" && tma_strides &&
-                    p.total_q > 0 && device_is_sm90();
+  const bool sm90 = k.bwd_sm90 != nullptr && (p.num_splits == 0 || backend == "sm90") && backend != "sm80" &&
+                    tma_strides && p.total_q > 0 && device_is_sm90();
   return sm90 ? k.bwd_sm90 : k.bwd;
 }
 
@@ -251,7 +253,10 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int64_t sm80 = int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
   // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
   const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
-  const int64_t sm90 = int64_t(p.num_heads) * p.total_q * width;
+  int64_t sm90 = bwd_dq_turns_offset(p, width);
+  if (p.num_splits > 0) {  // deterministic: the turn counters after it, for the smallest query blocks (64 rows)
+    sm90 += (kMaxDQWriters * p.num_heads * bwd_dq_turn_slots(p, 64) + 3) / 4 * 4;  // zeroed as float4s
+  }
   // Then, with head splits, dK and dV (bwd_dkv_accum_offset), in the row width of whichever path runs.
   int head_splits = 1;
   if (bwd_head_splits(p, &head_splits) != cudaSuccess) head_splits = 1;  // the launch meets the error and says it

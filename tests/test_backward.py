@@ -19,15 +19,17 @@ def check_grads(grads, ref, ref_pt):
         assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
 
 
-def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=False, before_backward=None):
+def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=False, before_backward=None,
+                 **mods):
     """Our forward + backward through the internal entry points, every output poisoned first;
-    before_backward() runs between the two (e.g. to set the backward's environment)."""
-    out, lse = _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal)
+    before_backward() runs between the two (e.g. to set the backward's environment); mods (window, softcap)
+    go to both."""
+    out, lse = _flash_attn_forward(q, k, v, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal, **mods)
     if before_backward is not None:
         before_backward()
     dq, dk, dv = (poisoned(t.shape, t.dtype) for t in (q, k, v))
     return _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, causal,
-                                deterministic, dq, dk, dv)
+                                deterministic, dq, dk, dv, **mods)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -192,6 +194,43 @@ def test_deterministic_bitwise(group, causal):
             ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up)[0], (q, k, v), dout)
             check_grads(grads, ref[1:], ref_pt[1:])
         assert all(torch.equal(a, b) for a, b in zip(grads, first))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 160, 256])
+@pytest.mark.parametrize("case", ["causal", "gqa", "window", "softcap", "varlen"])
+def test_deterministic_sm90(case, head_dim, monkeypatch):
+    """FLASH_ATTN2_BACKEND=sm90 takes deterministic mode to the Hopper backward, whose key blocks add their
+    dQ shares in key-block order (dq_turns.h): the profiler shows its kernel, four runs give bitwise-equal
+    gradients, and they match the reference. Head dims 64 / 128 / 160 / 256 cover its four step shapes
+    (128 and 64 query rows, 3 and 2 wide warpgroups); the cases its masks, windows, extended kernel and
+    varlen query slots. A wrong turn would hang: run under a timeout."""
+    dtype = torch.bfloat16
+    require_kernel(head_dim, dtype)
+    if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
+        pytest.skip("needs an sm_90 GPU and the Hopper backward")
+    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm90")
+    causal, mods, cu_q = case != "gqa", {}, None
+    if case == "varlen":
+        lens_q, lens_k = [0, 17, 700, 1, 300], [5, 0, 1000, 33, 300]
+        cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 4, 2, head_dim, dtype)
+        max_q, max_k = max(lens_q), max(lens_k)
+        ref_fn = lambda q, k, v, up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up)[0]  # noqa: E731
+    else:
+        max_q, max_k = 700, 1000
+        q, k, v = dense_inputs(1, max_q, max_k, 4, 4 if case == "gqa" else 1, head_dim, dtype)
+        cu_k = None
+        mods = {"window": (200, 0)} if case == "window" else {"softcap": 5.0} if case == "softcap" else {}
+        ref_fn = lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, **mods)[0]  # noqa: E731
+    dout = randn(*q.shape, dtype=dtype)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        runs = [run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=True, **mods)
+                for _ in range(4)]
+        torch.cuda.synchronize()
+    assert any("bwd_kernel_sm90" in e.key for e in prof.key_averages()), "the Hopper backward did not run"
+    for grads in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads, runs[0])), "gradients differ between runs"
+    ref, ref_pt = reference_grads(ref_fn, (q, k, v), dout)
+    check_grads(runs[0], ref[1:], ref_pt[1:])
 
 
 def test_torch_deterministic_flag_is_honoured():

@@ -17,9 +17,9 @@ struct BlockRange {
 
 // Whole key blocks below key `key` (>= 0), and blocks that reach it: unsigned, so that they are shifts.
 template <int kBlockN>
-__device__ int blocks_below(int key) { return int(unsigned(key) / kBlockN); }
+__host__ __device__ int blocks_below(int key) { return int(unsigned(key) / kBlockN); }
 template <int kBlockN>
-__device__ int blocks_to(int key) { return int((unsigned(key) + kBlockN - 1) / kBlockN); }
+__host__ __device__ int blocks_to(int key) { return int((unsigned(key) + kBlockN - 1) / kBlockN); }
 
 // Query block m_block: rows [m_block * kBlockM, min((m_block + 1) * kBlockM, len_q)), not empty. Without a
 // left edge (kLeftEdge false: has_left_edge) the blocks start at 0 and none masks both edges.
@@ -46,7 +46,7 @@ struct BwdBlockRange {
 
 // Key block n_block: keys [n_block * kBlockN, min((n_block + 1) * kBlockN, len_k)), not empty.
 template <int kBlockM, int kBlockN>
-__device__ BwdBlockRange bwd_block_range(const Window& w, int n_block) {
+__host__ __device__ BwdBlockRange bwd_block_range(const Window& w, int n_block) {
   const int key_first = n_block * kBlockN, key_last = min(key_first + kBlockN, w.len_k) - 1;
   const int m_max = cute::ceil_div(w.row_end(key_last), kBlockM);
   const int m_min = min(m_max, w.row_begin(key_first) / kBlockM);
@@ -60,6 +60,24 @@ __device__ BwdBlockRange bwd_block_range(const Window& w, int n_block) {
   // Rows from row_begin(key_last) on see the block's last key.
   const int m_unmasked_min = min(m_unmasked_max, clamp(cute::ceil_div(w.row_begin(key_last), kBlockM)));
   return {m_min, m_max, m_unmasked_min, m_unmasked_max};
+}
+
+// The first key block that visits query block m_block, given a key block n_block that does. As n rises,
+// neither m_min nor m_max falls, so the key blocks visiting a query block are consecutive and the first is
+// the lowest whose m_max passes m_block: a bisection over [0, n_block]. Deterministic mode orders the dQ
+// adds by it (sm90/dq_turns.h); host code checks it by brute force (benchmarks/dev/check_dq_turns.cu).
+template <int kBlockM, int kBlockN>
+__host__ __device__ int bwd_first_key_block(const Window& w, int m_block, int n_block) {
+  int lo = 0, hi = n_block;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (bwd_block_range<kBlockM, kBlockN>(w, mid).m_max > m_block) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
 }
 
 }  // namespace flash_attn2

@@ -25,7 +25,7 @@ cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
 // The Hopper backward (sm_90a), csrc/kernels/sm90/bwd_launch_sm90.h: built with the Hopper forward, for
-// these head dims (_build_config.BWD_SM90_HEAD_DIMS); not for deterministic mode.
+// these head dims (_build_config.BWD_SM90_HEAD_DIMS); deterministic mode orders its dQ adds (dq_turns.h).
 constexpr bool has_bwd_sm90(int head_dim) {
   return head_dim == 32 || head_dim == 64 || head_dim == 96 || head_dim == 128 || head_dim == 192 || head_dim == 256;
 }
@@ -113,6 +113,18 @@ __host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int 
 // (bwd_dq_accum_elems sizes it for the SM80 layout, which is larger).
 __host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, int bucket, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * bucket;
+}
+
+// Deterministic mode's dQ turn counters on the Hopper backward (sm90/dq_turns.h): int32, after its dQ
+// accumulator in the kernel's row width, (writer warp, head, query slot) for up to kMaxDQWriters writer
+// warps and bwd_dq_turn_slots query slots per head: a sequence's blocks of block_m rows from slot
+// start / block_m + b on, as the tile scheduler counts them.
+constexpr int kMaxDQWriters = 3;
+__host__ __device__ inline int64_t bwd_dq_turns_offset(const BwdParams& p, int width) {
+  return int64_t(p.num_heads) * p.total_q * width;
+}
+__host__ __device__ inline int64_t bwd_dq_turn_slots(const BwdParams& p, int block_m) {
+  return p.total_q / block_m + p.batch;
 }
 
 // After the Hopper backward: dQ = softmax_scale * its accumulator, in the input dtype.

@@ -20,6 +20,7 @@
 #include "sm90/bwd_mainloop_sm90.h"
 #include "sm90/bwd_mainloop_wide_sm90.h"
 #include "sm90/bwd_work_sm90.h"
+#include "sm90/dq_turns.h"
 
 namespace flash_attn2 {
 
@@ -96,7 +97,8 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
 
 // Producer warp 1 + w: consumer warpgroup w's dQ shares (kDQParts per step), added to dq_accum by TMA
 // reduce-add once staged. One writer per warpgroup, so that no warpgroup waits for another's share to
-// get its staging buffer back (the warpgroups run out of phase: TUNING 36).
+// get its staging buffer back (the warpgroups run out of phase: TUNING 36). Deterministic mode: in
+// key-block order (dq_turns.h).
 template <class Traits, int w>
 __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                              const BwdWork<Traits>& work) {
@@ -106,9 +108,14 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
   Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1));  // (rows, D, heads, 1)
   Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{});    // (M, part)
   const int first_row = int(work.seq.offset_q(p.seqlen_q, 1, work.bidb));
+  const DQTurns<Traits::kBlockM, Traits::kBlockN> turns(p, w, kHeadDim, work.bidb, first_row, work.n_block, work.window);
   const bool issuer = cute::elect_one_sync();  // one lane: a bulk async-group belongs to its thread
   for (int step = 0; step < work.steps; ++step) {
     const int head = work.head(step), m_block = work.m_block(step);
+    if (turns.ordered()) {
+      if (issuer) turns.wait(head, m_block);
+      __syncwarp();  // the named barriers below want the whole warp
+    }
     for (int part = 0; part < kParts; ++part) {
       Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
                               typename Traits::TiledQ{}, Traits::dq_tile(m_block, w, part));  // (rows, columns)
@@ -122,6 +129,7 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
       __syncwarp();
       if (step + 1 < work.steps || part + 1 < kParts) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
     }
+    if (turns.ordered() && issuer) turns.pass(head, m_block);
   }
 }
 

@@ -23,7 +23,6 @@ typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
 template <class Traits, bool kExtended>
 cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   constexpr int kHeadDim = Traits::kHeadDim;
-  if (p.num_splits > 0) return cudaErrorNotSupported;  // deterministic mode: the SM80 backward
   const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
   if (key_blocks == 0) return cudaSuccess;
   int head_splits = 1;
