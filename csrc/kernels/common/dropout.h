@@ -1,0 +1,124 @@
+// Attention dropout's keep bytes, drawn where the scores are: one Philox4x32-10 call per 16 of a thread's
+// scores. The numbers are a function of (seed, offset, batch x heads + head, query, key) alone, so every
+// kernel (forward, backward; mma.sync or wgmma; S or the backward's S^T) draws the same ones; the spec, and
+// its PyTorch regeneration for S_dmask and the tests, is flash_attn2/_dropout.py.
+//
+// A unit is 4 query rows x 4 keys, rows 16 a + 2 i + {0, 1, 8, 9} and keys 16 b + 2 k + {0, 1, 8, 9}: in an
+// MMA accumulator fragment (rows g, g + 8 and columns 2 q, 2 q + 1 of each 8-column group for lane
+// 4 g + q) a lane holds half a unit and lane ^ 4 the other half, whether the rows are queries (S) or keys
+// (S^T). So a lane pair draws two units, one each, and swaps halves with two shuffles.
+#pragma once
+
+#include <cstdint>
+
+namespace flash_attn2 {
+
+__host__ __device__ inline uint4 philox4x32_10(uint4 c, uint2 key) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      key.x += kW0;
+      key.y += kW1;
+    }
+    const uint64_t p0 = uint64_t(kM0) * c.x, p1 = uint64_t(kM1) * c.z;
+    c = make_uint4(uint32_t(p1 >> 32) ^ c.y ^ key.x, uint32_t(p1), uint32_t(p0 >> 32) ^ c.w ^ key.y, uint32_t(p0));
+  }
+  return c;
+}
+
+// Bytes s & 7, s >> 4 & 7, s >> 8 & 7, s >> 12 & 7 of the 8 bytes (hi:lo), as __byte_perm (no sign mode).
+__host__ __device__ inline uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(lo, hi, s);
+#else
+  const uint64_t x = (uint64_t(hi) << 32) | lo;
+  uint32_t out = 0;
+  for (int j = 0; j < 4; ++j) out |= uint32_t(x >> (8 * ((s >> (4 * j)) & 7)) & 0xFF) << (8 * j);
+  return out;
+#endif
+}
+
+// A thread's keep bytes for two 16-row x 16-column blocks of its fragment: words[j][h] for block j and row
+// half h (rows g + 8 h), byte c % 4 for the fragment's columns 2 q + {0, 1, 8, 9} in rowcol order.
+struct KeepWords {
+  uint32_t words[2][2];
+};
+
+// The draws of one (batch, head).
+struct DropoutRng {
+  uint2 key;        // the seed
+  uint32_t offset;  // the generator's offset / 4
+  uint32_t bh;      // batch x heads + head
+
+  // The unit of query block a, row pair i, key block b, key pair k: word = the row's place in the unit
+  // (2 (r >> 3 & 1) + (r & 1)), byte = the key's.
+  __host__ __device__ uint4 unit(int a, int i, int b, int k) const {
+    return philox4x32_10(make_uint4(4u * uint32_t(b) + uint32_t(k), 4u * uint32_t(a) + uint32_t(i), bh, offset), key);
+  }
+};
+
+// A lane pair's two blocks, as halves: draw() is this lane's unit, send() what its partner (lane ^ 4) needs
+// of it, combine() its KeepWords from its own unit and what the partner sent. kTransposed: the fragment's
+// rows are keys (the backward's S^T), so the blocks are query blocks a0, a1 of key block b; else rows are
+// queries and the blocks key blocks b0, b1 of query block a. The two blocks may be one (an odd count of
+// blocks in a tile): then no swap is needed, but the same code serves.
+template <bool kTransposed>
+struct KeepPair {
+  uint32_t lane_row, lane_col, parity;  // g, q, g & 1
+
+  __host__ __device__ explicit KeepPair(int lane)
+      : lane_row(uint32_t(lane) >> 2), lane_col(uint32_t(lane) & 3), parity((uint32_t(lane) >> 2) & 1) {}
+
+  // Forward: the row block and the two column blocks; transposed: the key block (rows) and two query blocks.
+  __host__ __device__ uint4 draw(const DropoutRng& rng, int row_block, int col_block0, int col_block1) const {
+    const int col_block = parity ? col_block1 : col_block0;
+    if constexpr (kTransposed) return rng.unit(col_block, int(lane_col), row_block, int(lane_row >> 1));
+    else return rng.unit(row_block, int(lane_row >> 1), col_block, int(lane_col));
+  }
+
+  // Row half h's 4 bytes for rows of place p in the unit, in column order (byte c % 4).
+  __host__ __device__ static uint32_t half(const uint4& u, uint32_t p, int h) {
+    const uint32_t place = p + 2 * uint32_t(h);
+    if constexpr (kTransposed) {
+      // Rows are keys: byte `place` of each word (words are query places, i.e. columns).
+      const uint32_t s = place | ((place + 4) << 4);
+      return byte_perm(byte_perm(u.x, u.y, s), byte_perm(u.z, u.w, s), 0x5410);
+    } else {
+      return place == 0 ? u.x : place == 1 ? u.y : place == 2 ? u.z : u.w;
+    }
+  }
+
+  __host__ __device__ uint2 send(const uint4& u) const { return make_uint2(half(u, 1 - parity, 0), half(u, 1 - parity, 1)); }
+
+  __host__ __device__ KeepWords combine(const uint4& u, uint2 received) const {
+    KeepWords k;
+    const uint32_t own0 = half(u, parity, 0), own1 = half(u, parity, 1);
+    k.words[parity][0] = own0;  // block `parity` is the one this lane drew
+    k.words[parity][1] = own1;
+    k.words[1 - parity][0] = received.x;
+    k.words[1 - parity][1] = received.y;
+    return k;
+  }
+};
+
+#if defined(__CUDA_ARCH__)
+// The whole exchange, for every lane of the warp.
+template <bool kTransposed>
+__device__ inline KeepWords draw_keep_words(const DropoutRng& rng, int row_block, int col_block0, int col_block1) {
+  const KeepPair<kTransposed> pair(int(threadIdx.x) % 32);
+  const uint4 u = pair.draw(rng, row_block, col_block0, col_block1);
+  const uint2 out = pair.send(u);
+  const uint2 in = make_uint2(__shfl_xor_sync(0xffffffffu, out.x, 4), __shfl_xor_sync(0xffffffffu, out.y, 4));
+  return pair.combine(u, in);
+}
+#endif
+
+// Kept iff the score's byte is below the threshold (dropout_threshold: round((1 - p) 256), up to 256).
+__host__ __device__ inline bool keep_byte(uint32_t word, int byte, uint32_t threshold) {
+  return ((word >> (8 * byte)) & 0xFFu) < threshold;
+}
+
+}  // namespace flash_attn2

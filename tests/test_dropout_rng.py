@@ -1,0 +1,57 @@
+"""Dropout's random numbers as the PyTorch side regenerates them (flash_attn2/_dropout.py; CPU): Philox4x32-10
+against Random123's known answers, the keep fraction, and what the seed, offset and position change. The C++
+draws (csrc/kernels/common/dropout.h) are checked against the same spec by benchmarks/dev/check_dropout.cu."""
+
+import math
+
+import pytest
+import torch
+
+from flash_attn2 import _dropout
+
+
+@pytest.mark.parametrize("counter,key,want", [
+    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
+])
+def test_philox_known_answers(counter, key, want):
+    assert tuple(int(w) for w in _dropout.philox4x32_10(counter, key)) == want
+
+
+def test_spec_bytes_match_the_cpp_draws():
+    """Bytes that benchmarks/dev/check_dropout.cu printed from the C++ spec for seed 0x9abcdef012345678,
+    offset 4 x 77, bh 5."""
+    points = [(0, 0, 186), (1, 9, 118), (17, 3, 125), (100, 77, 244), (1023, 4095, 241), (40000, 12345, 70)]
+    for row, col, want in points:
+        got = _dropout.keep_bytes(0x9ABCDEF012345678, 4 * 77, torch.tensor(5), torch.tensor(row), torch.tensor(col))
+        assert int(got) == want, (row, col)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_fraction(p):
+    """The keep fraction is threshold / 256 within 6 sigma, and kept scores scaled by 256 / threshold keep
+    the expectation at exactly 1."""
+    mask = _dropout.keep_mask(1234, 0, p, 2, 4, 300, 257)
+    n, keep = mask.numel(), _dropout.dropout_threshold(p) / 256
+    assert abs(mask.double().mean().item() - keep) <= 6 * math.sqrt(keep * (1 - keep) / n)
+    assert abs(keep * _dropout.dropout_scale(p) - 1.0) < 1e-12
+    assert abs(keep - (1 - p)) <= 1 / 512
+
+
+def test_seed_offset_and_position_change_the_mask():
+    base = _dropout.keep_mask(7, 8, 0.5, 1, 2, 64, 64)
+    assert torch.equal(base, _dropout.keep_mask(7, 8, 0.5, 1, 2, 64, 64))
+    for other in (_dropout.keep_mask(8, 8, 0.5, 1, 2, 64, 64), _dropout.keep_mask(7, 12, 0.5, 1, 2, 64, 64)):
+        assert (other != base).double().mean() > 0.4  # independent masks differ in about half the places
+    assert (base[0, 0] != base[0, 1]).double().mean() > 0.4  # heads draw independently
+    assert (base[0, 0, :32] != base[0, 0, 32:]).double().mean() > 0.4  # so do rows
+    one = _dropout.keep_mask_one(7, 8, 0.5, 0, 2, 64, 64)
+    assert torch.equal(one, base[0])
+
+
+def test_extreme_probabilities():
+    assert _dropout.keep_mask(1, 0, 1 / 1024, 1, 1, 32, 32).all()  # rounds to threshold 256: nothing dropped
+    assert _dropout.dropout_scale(0.999) == 0.0  # threshold 0: nothing kept
+    assert not _dropout.keep_mask(1, 0, 0.999, 1, 1, 32, 32).any()
