@@ -186,6 +186,7 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (!(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.f)) return "softmax_scale must be positive and finite";
   if (p.window_left < -1 || p.window_right < -1) return "window_left and window_right must be >= -1 (-1: unbounded)";
   if (!(std::isfinite(p.softcap) && p.softcap >= 0.f)) return "softcap must be finite and >= 0 (0: off)";
+  if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) return "dropout_p must be in [0, 1)";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
   const bool varlen = p.cu_seqlens_q != nullptr;
   if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";
@@ -232,8 +233,12 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "forward");
   cudaError_t err = cudaSuccess;
-  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
+  const Kernels& k = kernels(bucket, p.dtype);
+  const FwdLauncher fwd = pick_fwd(k, &err);
   if (fwd == nullptr) return err;
+  if (p.dropout_p > 0.f && fwd != k.fwd_sm90) {
+    return fail(cudaErrorNotSupported, "dropout_p > 0 runs only on the Hopper forward so far (an sm_90 GPU)");
+  }
   if ((err = fwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
@@ -279,6 +284,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
+  if (p.dropout_p > 0.f) return fail(cudaErrorNotSupported, "dropout_p > 0: no backward kernel has dropout yet");
   const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p);
   if (bwd == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));

@@ -312,11 +312,17 @@ void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
   TORCH_CHECK(err == cudaSuccess, "flash_attn2: ", direction, " failed: ", flash_attn2::last_error_message());
 }
 
-// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready.
+// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready. dropout_p > 0 draws with the
+// (seed, offset) that rng_state (2 int64 on q's device) holds.
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap,
-             const OptTensor& alibi_slopes) {
+             const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state) {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "flash_attn2: dropout_p must be in [0, 1), got ", dropout_p);
+  TORCH_CHECK(dropout_p == 0.0 || (rng_state && rng_state->device() == q.device() &&
+                                   rng_state->scalar_type() == at::kLong && rng_state->numel() == 2 &&
+                                   rng_state->is_contiguous()),
+              "flash_attn2: dropout_p > 0 needs rng_state, 2 contiguous int64 (seed, offset) on q's device");
   if (q.numel() == 0) return;
   if (k.numel() == 0) {  // no keys at all: every row sees nothing
     out.zero_();
@@ -326,6 +332,12 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
+  if (dropout_p > 0.0) {
+    p.dropout_p = float(dropout_p);
+    const auto* state = reinterpret_cast<const uint64_t*>(rng_state->data_ptr<int64_t>());
+    p.philox_seed_ptr = state;
+    p.philox_offset_ptr = state + 1;
+  }
   const c10::cuda::CUDAGuard guard(q.device());
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
   // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
@@ -403,7 +415,7 @@ std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v
   Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
                          q.options().dtype(at::kFloat));
   fwd_out(qr, kernel_ready(k), kernel_ready(v), out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes);
+          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, 0.0, c10::nullopt);
   return {unpadded(out, q.size(-1)), lse};
 }
 

@@ -11,7 +11,7 @@ same bits with one call per 16 of its scores.
     word 2 (r >> 3 & 1) + (r & 1) of the output, byte 2 (c >> 3 & 1) + (c & 1) of that word (little-endian)
 
 for query row r and key c (positions within their sequence); the score is kept iff its byte < threshold,
-threshold = round((1 - p) * 256) (flash-attn's 8-bit resolution), and kept probabilities are scaled by
+threshold = round((1 - p) * 256) in float32 (flash-attn's 8-bit resolution), and kept probabilities are scaled by
 256 / threshold so that the expectation is exact.
 """
 
@@ -23,8 +23,10 @@ _MASK32 = 0xFFFFFFFF
 
 
 def dropout_threshold(p: float) -> int:
-    """Bytes below this are kept: keep probability threshold / 256."""
-    return int(round((1.0 - p) * 256))
+    """Bytes below this are kept: keep probability threshold / 256. In float32 and rounded half to even, as
+    the kernels compute it from FwdParams::dropout_p."""
+    keep = torch.tensor(1.0, dtype=torch.float32) - torch.tensor(p, dtype=torch.float32)
+    return int(torch.round(keep * 256))
 
 
 def dropout_scale(p: float) -> float:

@@ -95,14 +95,20 @@ def _checking_inputs() -> bool:
 
 
 def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                        out=None, softmax_lse=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+                        out=None, softmax_lse=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
+                        rng_state=None):
     """Checked inputs -> (out, softmax_lse), written into out / softmax_lse when given (head dim a multiple of 8);
-    window: (left, right) as the kernels take it (-1 unbounded; causal sets right to 0)."""
-    if out is None:
+    window: (left, right) as the kernels take it (-1 unbounded; causal sets right to 0). dropout_p > 0 draws
+    with rng_state's (seed, offset), an int64 CUDA tensor of 2 (flash_attn2/_dropout.py regenerates the mask)."""
+    if out is None and dropout_p == 0.0:
         return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window,
                         softcap, alibi_slopes, False)
+    if out is None:
+        out = torch.empty_like(q)
+        lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
+        softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
     _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, *window, softcap, alibi_slopes)
+                     causal, *window, softcap, alibi_slopes, dropout_p, rng_state)
     return out, softmax_lse
 
 

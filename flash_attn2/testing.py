@@ -12,7 +12,7 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window=(-1, -1), softcap=0.0,
-                  alibi_slopes=None):
+                  alibi_slopes=None, dropout_keep=None, dropout_scale=1.0):
     """q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in q's dtype, lse (b, h, sq) fp32.
 
     upcast=True computes in float32 (the reference); False in the inputs' dtype, the way PyTorch's own
@@ -20,7 +20,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     query i sees key j iff i + sk - sq - left <= j <= i + sk - sq + right, right = 0 when causal. Rows that
     see no key give 0 and -inf. softcap > 0: scaled scores s become softcap * tanh(s / softcap) before the mask.
     alibi_slopes (h,) or (b, h): -slope * |i + sk - sq - j| added after that, or +slope * j when causal without a
-    left window edge (flash-attn's form: the same softmax, another LSE).
+    left window edge (flash-attn's form: the same softmax, another LSE). dropout_keep (b, h, sq, sk) bool: the
+    probabilities it drops are 0, the others times dropout_scale (the LSE stays the undropped one).
     """
     dtype = q.dtype
     if upcast:  # to float32, or keep float64
@@ -51,6 +52,8 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
         scores = scores.masked_fill(col < diag - left, -math.inf)
     lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     attn = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    if dropout_keep is not None:
+        attn = attn * dropout_keep.to(attn.dtype) * dropout_scale
     out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
     return out.to(dtype), lse
 

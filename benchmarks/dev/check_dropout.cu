@@ -1,7 +1,8 @@
 // Host checks of common/dropout.h before any GPU runs it: Philox4x32-10 against Random123's known answers,
 // and a simulated warp's lane-pair exchange (forward S and the backward's S^T fragments) against the
 // spec's byte for every score. Prints a few spec bytes for flash_attn2/_dropout.py to compare:
-//   nvcc -std=c++17 -Icsrc/kernels benchmarks/dev/check_dropout.cu -o /tmp/check_dropout && /tmp/check_dropout
+//   nvcc -std=c++17 --expt-relaxed-constexpr -Icsrc/include -Icsrc/kernels -I$SP/cutlass_library/source/include \
+//     benchmarks/dev/check_dropout.cu -o /tmp/check_dropout && /tmp/check_dropout
 #include <cstdio>
 #include <cuda_runtime.h>
 

@@ -14,7 +14,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 6
+#define FLASH_ATTN2_PARAMS_VERSION 7
 
 namespace flash_attn2 {
 
@@ -74,6 +74,18 @@ struct FwdParams {
   // the same, its LSE is not).
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0;
+  // Attention dropout (flash-attn's dropout_p, in [0, 1)): each probability is kept iff a Philox byte is
+  // below round((1 - dropout_p) * 256) (flash-attn's 8-bit resolution) and kept ones are scaled by 256 over
+  // that threshold, so the expectation is exact; the LSE stays the undropped one. The bytes are a function
+  // of (seed, offset, batch, head, query, key) alone (flash_attn2/_dropout.py), so the backward redraws the
+  // forward's. Seed and offset are each the value here plus, where the pointer is set, the uint64 it points
+  // to (a CUDA graph's captured generator state). A forward with dropout writes the (seed, offset) it used
+  // to rng_state (2 x uint64 of device memory) where set; a backward reads them back through the pointers.
+  float dropout_p = 0.f;
+  uint64_t philox_seed = 0, philox_offset = 0;
+  const uint64_t* philox_seed_ptr = nullptr;
+  const uint64_t* philox_offset_ptr = nullptr;
+  uint64_t* rng_state = nullptr;
 
   // Optional: one int of device memory a fixed-length causal forward on Hopper may use to hand query tiles
   // to its persistent blocks as they free up, instead of in a fixed order (up to ~10% faster where tiles

@@ -11,6 +11,10 @@
 
 #include <cstdint>
 
+#include <cute/tensor.hpp>
+
+#include "flash_attn2/flash_attn2.h"
+
 namespace flash_attn2 {
 
 __host__ __device__ inline uint4 philox4x32_10(uint4 c, uint2 key) {
@@ -94,17 +98,18 @@ struct KeepPair {
   __host__ __device__ uint2 send(const uint4& u) const { return make_uint2(half(u, 1 - parity, 0), half(u, 1 - parity, 1)); }
 
   __host__ __device__ KeepWords combine(const uint4& u, uint2 received) const {
-    KeepWords k;
+    // Block `parity` is the one this lane drew (selects, not an index: registers, not local memory).
     const uint32_t own0 = half(u, parity, 0), own1 = half(u, parity, 1);
-    k.words[parity][0] = own0;  // block `parity` is the one this lane drew
-    k.words[parity][1] = own1;
-    k.words[1 - parity][0] = received.x;
-    k.words[1 - parity][1] = received.y;
+    KeepWords k;
+    k.words[0][0] = parity ? received.x : own0;
+    k.words[0][1] = parity ? received.y : own1;
+    k.words[1][0] = parity ? own0 : received.x;
+    k.words[1][1] = parity ? own1 : received.y;
     return k;
   }
 };
 
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 // The whole exchange, for every lane of the warp.
 template <bool kTransposed>
 __device__ inline KeepWords draw_keep_words(const DropoutRng& rng, int row_block, int col_block0, int col_block1) {
@@ -120,5 +125,63 @@ __device__ inline KeepWords draw_keep_words(const DropoutRng& rng, int row_block
 __host__ __device__ inline bool keep_byte(uint32_t word, int byte, uint32_t threshold) {
   return ((word >> (8 * byte)) & 0xFFu) < threshold;
 }
+
+#if defined(__CUDACC__)
+// One (batch, head)'s dropout: its draws, the threshold, and the scale of what is kept.
+struct Dropout {
+  DropoutRng rng;
+  uint32_t threshold;  // 0..256
+  float scale;         // 256 / threshold, 0 when nothing is kept
+
+  __device__ Dropout(const FwdParams& p, int bidb, int bidh) {
+    const uint64_t seed = p.philox_seed + (p.philox_seed_ptr != nullptr ? *p.philox_seed_ptr : 0);
+    const uint64_t offset = p.philox_offset + (p.philox_offset_ptr != nullptr ? *p.philox_offset_ptr : 0);
+    rng = {make_uint2(uint32_t(seed), uint32_t(seed >> 32)), uint32_t(offset >> 2),
+           uint32_t(bidb) * uint32_t(p.num_heads) + uint32_t(bidh)};
+    threshold = uint32_t(__float2int_rn((1.f - p.dropout_p) * 256.f));
+    scale = threshold > 0 ? 256.f / float(threshold) : 0.f;
+  }
+
+  // The forward's record of what it drew with, for the backward (one thread of the grid calls it).
+  __device__ static void record(const FwdParams& p) {
+    if (p.rng_state == nullptr) return;
+    p.rng_state[0] = p.philox_seed + (p.philox_seed_ptr != nullptr ? *p.philox_seed_ptr : 0);
+    p.rng_state[1] = p.philox_offset + (p.philox_offset_ptr != nullptr ? *p.philox_offset_ptr : 0);
+  }
+
+  // Zeroes the dropped entries of a thread's fragment of S or P, in rowcol view (rows g, g + 8 of each
+  // 16-row MMA tile, columns 2 q, 2 q + 1 of each 8-key group, groups in order); coord holds the tile
+  // coordinates, row0 / col0 the tile's first query / key in its sequence. The whole warp must call it.
+  template <class TensorS, class TensorC>
+  __device__ void apply(TensorS& S, const TensorC& coord, int row0, int col0) const {
+    using namespace cute;
+    constexpr int kRowTiles = decltype(size<0>(S))::value / 2, kBlocks = decltype(size<1>(S))::value / 4;
+    static_assert(decltype(size<1>(S))::value % 4 == 0, "whole 16-key blocks per thread");
+    CUTE_UNROLL
+    for (int m = 0; m < kRowTiles; ++m) {
+      const int a = (row0 + get<0>(coord(2 * m, 0))) >> 4;
+      CUTE_UNROLL
+      for (int j = 0; j < kBlocks; j += 2) {
+        constexpr int kLast = kBlocks - 1;
+        const int j1 = j + 1 < kBlocks ? j + 1 : kLast;  // an odd count: the last block twice
+        const KeepWords keep = draw_keep_words</*kTransposed=*/false>(
+            rng, a, (col0 + get<1>(coord(0, 4 * j))) >> 4, (col0 + get<1>(coord(0, 4 * j1))) >> 4);
+        CUTE_UNROLL
+        for (int jj = 0; jj < 2; ++jj) {
+          if (j + jj >= kBlocks) continue;
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            CUTE_UNROLL
+            for (int byte = 0; byte < 4; ++byte) {
+              float& s = S(2 * m + h, 4 * (j + jj) + byte);
+              s = keep_byte(keep.words[jj][h], byte, threshold) ? s : 0.f;
+            }
+          }
+        }
+      }
+    }
+  }
+};
+#endif
 
 }  // namespace flash_attn2

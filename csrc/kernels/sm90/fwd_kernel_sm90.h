@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
     const int thread = int(threadIdx.x) - 128;
+    if (kExtended && p.dropout_p > 0.f && blockIdx.x == 0 && thread == 0) Dropout::record(p);
     PipelineState k_state, v_state;
     uint32_t q_phase = 0;
     if (Traits::kPingPong && warpgroup == Traits::kConsumerWarpgroups) {  // the last one: warpgroup 0 goes first

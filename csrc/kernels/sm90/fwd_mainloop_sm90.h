@@ -11,6 +11,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "common/alibi.h"
 #include "common/block_range.h"
+#include "common/dropout.h"
 #include "common/mask.h"
 #include "common/seqlen.h"
 #include "common/softmax.h"
@@ -143,7 +144,7 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap and ALiBi.
+// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap, ALiBi and dropout.
 template <class Traits, bool kExtended>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
@@ -178,6 +179,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const Mask mask{window};
   const bool softcap = kExtended && p.softcap > 0.f;
   const Alibi alibi(p, seq.len_q, seq.len_k, bidb, bidh);
+  const bool dropped = kExtended && p.dropout_p > 0.f;
+  const Dropout dropout(p, bidb, bidh);
   OnlineSoftmax<kRows> softmax(softcap ? p.softcap : p.softmax_scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
@@ -235,6 +238,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     softmax.update_scores(S, correction);
+    // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
+    if (kExtended && dropped) dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
   };
   // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -305,6 +310,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const bool tma_store = p.cu_seqlens_q == nullptr;
   float row_lse[kRows];
   softmax.finalize(O, row_lse);
+  if (kExtended && dropped) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
+  }
   Tensor rO = convert_fragment<Element>(acc_o);
   const int epilogue_barrier = int(Barrier::kEpilogue0) + warpgroup;
   if (release_thread) tma_store_wait<0>();  // the last tile's store has read the slab
