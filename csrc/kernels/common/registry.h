@@ -53,9 +53,9 @@ cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
 constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplits = 8;
 
 // Each forward comes in two kernels per (head dim, dtype): the plain one (causal, a window's right edge)
-// and the extended one, which adds a window's left edge (MaskBoth steps), softcap, ALiBi and (Hopper only,
-// so far) dropout behind runtime flags, so that the plain one keeps its code and registers
-// (benchmarks/TUNING.md step 44).
+// and the extended one, which adds a window's left edge (MaskBoth steps), softcap and ALiBi behind runtime
+// flags, so that the plain one keeps its code and registers (benchmarks/TUNING.md step 44). The Hopper
+// forward has a third, the extended one with dropout (step 53).
 inline bool fwd_extended(const FwdParams& p) {
   return p.window_left >= 0 || p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_p > 0.f;
 }

@@ -18,7 +18,9 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = fwd_extended(p) ? &fwd_kernel_sm90<Traits, true> : &fwd_kernel_sm90<Traits, false>;
+  auto kernel = p.dropout_p > 0.f ? &fwd_kernel_sm90<Traits, true, true>
+                : fwd_extended(p)  ? &fwd_kernel_sm90<Traits, true>
+                                   : &fwd_kernel_sm90<Traits, false>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);

@@ -144,8 +144,9 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap, ALiBi and dropout.
-template <class Traits, bool kExtended>
+// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap and ALiBi; with
+// kDropout also dropout.
+template <class Traits, bool kExtended, bool kDropout>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
                                  int m_block, int thread, PipelineState& k_state, PipelineState& v_state,
@@ -179,7 +180,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const Mask mask{window};
   const bool softcap = kExtended && p.softcap > 0.f;
   const Alibi alibi(p, seq.len_q, seq.len_k, bidb, bidh);
-  const bool dropped = kExtended && p.dropout_p > 0.f;
+  static_assert(kExtended || !kDropout);
   const Dropout dropout(p, bidb, bidh);
   OnlineSoftmax<kRows> softmax(softcap ? p.softcap : p.softmax_scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
@@ -239,7 +240,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     softmax.update_scores(S, correction);
     // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
-    if (kExtended && dropped) dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    if constexpr (kDropout) dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
   };
   // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -310,7 +311,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const bool tma_store = p.cu_seqlens_q == nullptr;
   float row_lse[kRows];
   softmax.finalize(O, row_lse);
-  if (kExtended && dropped) {
+  if constexpr (kDropout) {
     CUTE_UNROLL
     for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
   }
