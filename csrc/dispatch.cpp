@@ -233,12 +233,9 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "forward");
   cudaError_t err = cudaSuccess;
-  const Kernels& k = kernels(bucket, p.dtype);
-  const FwdLauncher fwd = pick_fwd(k, &err);
+  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
   if (fwd == nullptr) return err;
-  if (p.dropout_p > 0.f && fwd != k.fwd_sm90) {
-    return fail(cudaErrorNotSupported, "dropout_p > 0 runs only on the Hopper forward so far (an sm_90 GPU)");
-  }
+
   if ((err = fwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
@@ -284,9 +281,13 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
-  if (p.dropout_p > 0.f) return fail(cudaErrorNotSupported, "dropout_p > 0: no backward kernel has dropout yet");
-  const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p);
+  const Kernels& k = kernels(bucket, p.dtype);
+  const BwdLauncher bwd = pick_bwd(k, p);
   if (bwd == nullptr) return cudaErrorInvalidValue;
+  if (p.dropout_p > 0.f && (bwd != k.bwd_sm90 || bucket > 128)) {
+    return fail(cudaErrorNotSupported, "dropout_p > 0: the backward has dropout only on the Hopper path at head "
+                                       "dim <= 128 so far");
+  }
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
   if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;

@@ -312,17 +312,25 @@ void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
   TORCH_CHECK(err == cudaSuccess, "flash_attn2: ", direction, " failed: ", flash_attn2::last_error_message());
 }
 
-// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready. dropout_p > 0 draws with the
-// (seed, offset) that rng_state (2 int64 on q's device) holds.
+// Dropout's fields: drawn with the (seed, offset) that rng_state (2 int64 on q's device) holds, read by the
+// kernels themselves (it may be a CUDA graph's, filled at replay).
+void set_dropout(flash_attn2::FwdParams& p, double dropout_p, const OptTensor& rng_state, const Tensor& q) {
+  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "flash_attn2: dropout_p must be in [0, 1), got ", dropout_p);
+  if (dropout_p == 0.0) return;
+  TORCH_CHECK(rng_state && rng_state->device() == q.device() && rng_state->scalar_type() == at::kLong &&
+                  rng_state->numel() == 2 && rng_state->is_contiguous(),
+              "flash_attn2: dropout_p > 0 needs rng_state, 2 contiguous int64 (seed, offset) on q's device");
+  p.dropout_p = float(dropout_p);
+  const auto* state = reinterpret_cast<const uint64_t*>(rng_state->data_ptr<int64_t>());
+  p.philox_seed_ptr = state;
+  p.philox_offset_ptr = state + 1;
+}
+
+// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready; dropout as set_dropout.
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap,
              const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state) {
-  TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "flash_attn2: dropout_p must be in [0, 1), got ", dropout_p);
-  TORCH_CHECK(dropout_p == 0.0 || (rng_state && rng_state->device() == q.device() &&
-                                   rng_state->scalar_type() == at::kLong && rng_state->numel() == 2 &&
-                                   rng_state->is_contiguous()),
-              "flash_attn2: dropout_p > 0 needs rng_state, 2 contiguous int64 (seed, offset) on q's device");
   if (q.numel() == 0) return;
   if (k.numel() == 0) {  // no keys at all: every row sees nothing
     out.zero_();
@@ -332,12 +340,7 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
-  if (dropout_p > 0.0) {
-    p.dropout_p = float(dropout_p);
-    const auto* state = reinterpret_cast<const uint64_t*>(rng_state->data_ptr<int64_t>());
-    p.philox_seed_ptr = state;
-    p.philox_offset_ptr = state + 1;
-  }
+  set_dropout(p, dropout_p, rng_state, q);
   const c10::cuda::CUDAGuard guard(q.device());
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
   // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
@@ -356,7 +359,8 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
 void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
              Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
-             int64_t window_right, double softcap, const OptTensor& alibi_slopes, bool deterministic) {
+             int64_t window_right, double softcap, const OptTensor& alibi_slopes, bool deterministic,
+             double dropout_p, const OptTensor& rng_state) {
   if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows
     dq.zero_(), dk.zero_(), dv.zero_();
     return;
@@ -364,6 +368,7 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   flash_attn2::BwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
+  set_dropout(p, dropout_p, rng_state, q);
   const bool varlen = cu_seqlens_q.has_value();
   const int64_t dim = varlen ? 3 : 4;
   check_tensor(dout, "dout", dim, q, q.scalar_type());
@@ -429,7 +434,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, cons
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-          deterministic);
+          deterministic, 0.0, c10::nullopt);
   const int64_t head_dim = q.size(-1);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim)};
 }

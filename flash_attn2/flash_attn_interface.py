@@ -114,13 +114,17 @@ def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
 
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          softmax_scale, causal, deterministic, dq=None, dk=None, dv=None, window=(-1, -1),
-                         softcap=0.0, alibi_slopes=None):
-    """The forward's tensors and dout -> (dq, dk, dv), written into dq / dk / dv when given."""
-    if dq is None:
+                         softcap=0.0, alibi_slopes=None, dropout_p=0.0, rng_state=None):
+    """The forward's tensors and dout -> (dq, dk, dv), written into dq / dk / dv when given; dropout_p and
+    rng_state as the forward's."""
+    if dq is None and dropout_p == 0.0:
         return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)
+    if dq is None:
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                     max_seqlen_k, softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)
+                     max_seqlen_k, softmax_scale, causal, *window, softcap, alibi_slopes, deterministic, dropout_p,
+                     rng_state)
     return dq, dk, dv
 
 

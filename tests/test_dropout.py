@@ -1,26 +1,34 @@
 """Attention dropout in the kernels (GPU) against a float32 reference built from the mask that
-flash_attn2/_dropout.py regenerates: so far the Hopper forward, through the internal entry point (the public
-API still raises NotImplementedError for dropout_p > 0 until the backward has it too)."""
+flash_attn2/_dropout.py regenerates: both forwards, and the Hopper backward at head dim <= 128, through the
+internal entry points (the public API raises NotImplementedError for dropout_p > 0 until every backward has
+it)."""
 
 import pytest
 import torch
 
 import flash_attn2
 from flash_attn2 import _dropout
-from flash_attn2.flash_attn_interface import _flash_attn_forward
-from flash_attn2.testing import attention_ref, max_error, within_tolerance
+from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+from flash_attn2.testing import attention_ref, max_error, reference_grads, within_tolerance
 
+from test_backward import check_grads
 from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, varlen_inputs
 
 pytestmark = pytest.mark.gpu
 
+SEED, OFFSET = 0x1234_5678_9ABC, 4 * 1000
+
+
+def hopper():
+    return torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
+
 
 def require_hopper():
-    if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
-        pytest.skip("dropout runs on the Hopper forward so far: needs an sm_90 GPU and a build with sm_90a")
+    if not hopper():
+        pytest.skip("the backward has dropout on the Hopper path so far: needs an sm_90 GPU and sm_90a built")
 
 
-def rng_state(seed, offset):
+def rng_state(seed=SEED, offset=OFFSET):
     return torch.tensor([seed, offset], dtype=torch.int64, device="cuda")
 
 
@@ -33,69 +41,121 @@ def forward(q, k, v, causal, p, state, cu_q=None, cu_k=None, max_q=0, max_k=0, *
                                dropout_p=p, rng_state=state, **mods)
 
 
-def check_dense(q, k, v, causal, p, seed, offset, **mods):
-    out, lse = forward(q, k, v, causal, p, rng_state(seed, offset), **mods)
-    b, sq, h, _ = q.shape
-    keep = _dropout.keep_mask(seed, offset, p, b, h, sq, k.shape[1], device="cuda")
-    ref = lambda up: attention_ref(q, k, v, causal, upcast=up, dropout_keep=keep,  # noqa: E731
-                                   dropout_scale=_dropout.dropout_scale(p), **mods)
-    (out_ref, lse_ref), (out_pt, _) = ref(True), ref(False)
+def dense_ref(q, k, causal, p, seed=SEED, offset=OFFSET, **mods):
+    """ref(q, k, v, upcast) -> (out, lse): attention with the dropout mask of a call on q's and k's shapes."""
+    keep = _dropout.keep_mask(seed, offset, p, q.shape[0], q.shape[2], q.shape[1], k.shape[1], device="cuda")
+    return lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, dropout_keep=keep,
+                                             dropout_scale=_dropout.dropout_scale(p), **mods)
+
+
+def check_out(out, lse, q, k, v, ref):
+    (out_ref, lse_ref), (out_pt, _) = ref(q, k, v, True), ref(q, k, v, False)
     ok, err, err_pt = within_tolerance(out, out_ref, out_pt)
     assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
     assert max_error(lse, lse_ref) <= LSE_ATOL  # the undropped softmax's
-    return out
 
 
+def on_backend(backend, monkeypatch):
+    """FLASH_ATTN2_BACKEND=backend for the forward; skips where this build lacks that forward."""
+    if backend == "sm80":
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+
+
+@pytest.mark.parametrize("backend", ["default", "sm80"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 17), (113, 203), (1023, 300), (300, 1023)])
 @pytest.mark.parametrize("p", [0.17, 0.5])
-def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype):
-    """GQA 8:2; d 256's 80-key tiles hold an odd count of 16-key blocks (one draw serves the last alone)."""
-    require_hopper()
+def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monkeypatch):
+    """GQA 8:2, both forwards; the Hopper forward's 80-key tiles at d 256 hold an odd count of 16-key blocks."""
     require_kernel(head_dim, dtype)
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
-    check_dense(q, k, v, causal, p, seed=0x1234_5678_9ABC, offset=4 * 1000)
+    on_backend(backend, monkeypatch)
+    try:
+        out, lse = forward(q, k, v, causal, p, rng_state())
+    except NotImplementedError as e:
+        assert backend == "sm80" and "FLASH_ATTN2_SM80_FWD=1" in str(e)
+        pytest.skip("this build has no SM80 forward (FLASH_ATTN2_SM80_FWD=1 adds it on sm_90)")
+    check_out(out, lse, q, k, v, dense_ref(q, k, causal, p))
 
 
-def test_fwd_dropout_with_window_softcap_alibi():
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 17), (113, 203), (1023, 300), (300, 1023)])
+def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype):
+    """The Hopper backward redraws the forward's mask on S^T: gradients against autograd of the reference
+    built from the regenerated mask."""
+    require_hopper()
+    require_kernel(head_dim, dtype)
+    p = 0.3
+    q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
+    dout = randn(*q.shape, dtype=dtype)
+    out, lse = forward(q, k, v, causal, p, rng_state())
+    grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
+    _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False, *grads,
+                         dropout_p=p, rng_state=rng_state())
+    ref = dense_ref(q, k, causal, p)
+    refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
+    check_grads(grads, refs[1:], refs_pt[1:])
+
+
+def test_dropout_with_window_softcap_alibi():
+    """Dropout with every score modifier, forward and backward (the backward's dropout kernel is the
+    extended one)."""
     require_hopper()
     require_kernel(128, torch.bfloat16)
-    q, k, v = dense_inputs(2, 500, 700, 4, 2, 128, torch.bfloat16)
-    slopes = torch.rand(2, 4, device="cuda") * 0.3
-    check_dense(q, k, v, True, 0.3, seed=99, offset=8, window=(250, 0), softcap=20.0, alibi_slopes=slopes)
+    dtype, p = torch.bfloat16, 0.3
+    q, k, v = dense_inputs(2, 500, 700, 4, 2, 128, dtype)
+    mods = {"window": (250, 0), "softcap": 20.0, "alibi_slopes": torch.rand(2, 4, device="cuda") * 0.3}
+    ref = dense_ref(q, k, True, p, **mods)
+    out, lse = forward(q, k, v, True, p, rng_state(), **mods)
+    check_out(out, lse, q, k, v, ref)
+    dout = randn(*q.shape, dtype=dtype)
+    grads = _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, True, False,
+                                 dropout_p=p, rng_state=rng_state(), **mods)
+    refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
+    check_grads(grads, refs[1:], refs_pt[1:])
 
 
-def test_fwd_dropout_varlen():
+def test_dropout_varlen():
     """Varlen draws by (sequence, head) and positions within the sequence: each sequence against a dense
-    reference of its own."""
-    require_hopper()
+    reference of its own, output and (Hopper) gradients."""
     require_kernel(128, torch.bfloat16)
+    dtype, p = torch.bfloat16, 0.25
     lens_q, lens_k = [0, 17, 300, 1, 129], [5, 0, 400, 33, 129]
-    cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 4, 2, 128, torch.bfloat16)
-    seed, offset, p = 5, 12, 0.25
-    out, _ = forward(q, k, v, True, p, rng_state(seed, offset), cu_q, cu_k, max(lens_q), max(lens_k))
+    cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 4, 2, 128, dtype)
+    max_q, max_k = max(lens_q), max(lens_k)
+    out, lse = forward(q, k, v, True, p, rng_state(), cu_q, cu_k, max_q, max_k)
+    dout = randn(*q.shape, dtype=dtype)
+    grads = None
+    if hopper():
+        grads = _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, True,
+                                     False, dropout_p=p, rng_state=rng_state())
     starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
     for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         if lq == 0:
             continue
         rows, keys = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
-        qb, kb, vb = q[rows].unsqueeze(0), k[keys].unsqueeze(0), v[keys].unsqueeze(0)
-        keep = _dropout.keep_mask_one(seed, offset, p, b, 4, lq, lk, device="cuda").unsqueeze(0)
-        ref = lambda up: attention_ref(qb, kb, vb, True, upcast=up, dropout_keep=keep,  # noqa: E731
-                                       dropout_scale=_dropout.dropout_scale(p))[0]
-        ok, err, err_pt = within_tolerance(out[rows].unsqueeze(0), ref(True), ref(False))
+        qb, kb, vb, dob = q[rows].unsqueeze(0), k[keys].unsqueeze(0), v[keys].unsqueeze(0), dout[rows].unsqueeze(0)
+        keep = _dropout.keep_mask_one(SEED, OFFSET, p, b, 4, lq, lk, device="cuda").unsqueeze(0)
+        ref = lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up, dropout_keep=keep,  # noqa: E731
+                                                dropout_scale=_dropout.dropout_scale(p))[0]
+        ok, err, err_pt = within_tolerance(out[rows].unsqueeze(0), ref(qb, kb, vb, True), ref(qb, kb, vb, False))
         assert ok, f"sequence {b}: out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+        if grads is not None and lk > 0:
+            refs, refs_pt = reference_grads(ref, (qb, kb, vb), dob)
+            ours = (grads[0][rows].unsqueeze(0), grads[1][keys].unsqueeze(0), grads[2][keys].unsqueeze(0))
+            check_grads(ours, refs[1:], refs_pt[1:])
 
 
-def test_fwd_dropout_reproducible():
-    """The same (seed, offset) gives bitwise the same output; another seed or offset another mask; a
-    dropout_p that rounds to threshold 256 keeps everything (the plain forward's output)."""
-    require_hopper()
+def test_dropout_reproducible():
+    """The same (seed, offset) gives bitwise the same output and gradients; another seed or offset another
+    mask; a dropout_p that rounds to threshold 256 keeps everything."""
     require_kernel(64, torch.bfloat16)
     q, k, v = dense_inputs(1, 256, 256, 4, 1, 64, torch.bfloat16)
-    first, _ = forward(q, k, v, False, 0.5, rng_state(3, 0))
+    first, lse = forward(q, k, v, False, 0.5, rng_state(3, 0))
     again, _ = forward(q, k, v, False, 0.5, rng_state(3, 0))
     assert torch.equal(first, again)
     for state in (rng_state(4, 0), rng_state(3, 4)):
@@ -104,6 +164,22 @@ def test_fwd_dropout_reproducible():
     kept_all, _ = forward(q, k, v, False, 1 / 1024, rng_state(3, 0))
     ok, err, err_pt = within_tolerance(kept_all, attention_ref(q, k, v)[0], attention_ref(q, k, v, upcast=False)[0])
     assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+    if hopper():
+        dout = randn(*q.shape, dtype=q.dtype)
+        backward = lambda: _flash_attn_backward(dout, q, k, v, first, lse, None, None, 0, 0, 0.125, False,  # noqa: E731
+                                                True, dropout_p=0.5, rng_state=rng_state(3, 0))
+        assert all(torch.equal(a, b) for a, b in zip(backward(), backward()))
+
+
+def test_backward_refuses_dropout_where_missing(monkeypatch):
+    """The SM80 backward has no dropout yet: NotImplementedError naming it, not a wrong gradient."""
+    require_kernel(64, torch.bfloat16)
+    q, k, v = dense_inputs(1, 64, 64, 2, 1, 64, torch.bfloat16)
+    out, lse = forward(q, k, v, False, 0.5, rng_state())
+    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+    with pytest.raises(NotImplementedError, match="dropout_p > 0"):
+        _flash_attn_backward(randn(*q.shape, dtype=q.dtype), q, k, v, out, lse, None, None, 0, 0, 0.125, False, False,
+                             dropout_p=0.5, rng_state=rng_state())
 
 
 def test_public_api_still_refuses_dropout():

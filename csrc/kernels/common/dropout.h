@@ -149,9 +149,57 @@ struct Dropout {
     p.rng_state[1] = p.philox_offset + (p.philox_offset_ptr != nullptr ? *p.philox_offset_ptr : 0);
   }
 
-  // Zeroes the dropped entries of a thread's fragment of S or P, in rowcol view (rows g, g + 8 of each
-  // 16-row MMA tile, columns 2 q, 2 q + 1 of each 8-key group, groups in order); coord holds the tile
-  // coordinates, row0 / col0 the tile's first query / key in its sequence. The whole warp must call it.
+  // Another head of the same batch entry (the Hopper backward's steps walk a group's heads).
+  __device__ Dropout with_head(const FwdParams& p, int bidb, int bidh) const {
+    Dropout d = *this;
+    d.rng.bh = uint32_t(bidb) * uint32_t(p.num_heads) + uint32_t(bidh);
+    return d;
+  }
+
+  // A thread's keep words for kBlocks consecutive 16-column blocks from col_block0 of one 16-row tile
+  // (row_block), in a fragment laid out as the MMA accumulators are (rows g, g + 8; columns 2 q, 2 q + 1 of
+  // each 8-column group, groups in order): block j's row half h is keep[j / 2].words[j % 2][h], byte c % 4 for
+  // its fragment column c. kTransposed: rows are keys and columns queries (S^T). The whole warp must call it.
+  template <bool kTransposed, int kBlocks>
+  __device__ void draw(KeepWords (&keep)[(kBlocks + 1) / 2], int row_block, int col_block0) const {
+    CUTE_UNROLL
+    for (int j = 0; j < kBlocks; j += 2) {
+      const int j1 = j + 1 < kBlocks ? j + 1 : j;  // an odd count: the last block twice
+      keep[j / 2] = draw_keep_words<kTransposed>(rng, row_block, col_block0 + j, col_block0 + j1);
+    }
+  }
+  template <int kBlocks>
+  __device__ bool kept(const KeepWords (&keep)[(kBlocks + 1) / 2], int j, int h, int byte) const {
+    return keep_byte(keep[j / 2].words[j % 2][h], byte, threshold);
+  }
+
+  // draw's keep bits, one per score: bit 8 j + 4 h + byte of bits[0 .. kBlocks / 4), for a thread that must
+  // hold them across a GEMM (a word holds 4 bytes, a bit 1: the Hopper backward's registers).
+  template <bool kTransposed, int kBlocks>
+  __device__ void draw_bits(uint32_t (&bits)[(kBlocks + 3) / 4], int row_block, int col_block0) const {
+    KeepWords keep[(kBlocks + 1) / 2];
+    draw<kTransposed, kBlocks>(keep, row_block, col_block0);
+    // Bytes <= threshold - 1 (0 when threshold is 0: nothing is kept then, by the scale) to 0xFF, then each
+    // byte's top bit gathered into 4 bits.
+    const uint32_t limit = (threshold > 0 ? threshold - 1 : 0) * 0x01010101u;
+    CUTE_UNROLL
+    for (int i = 0; i < (kBlocks + 3) / 4; ++i) bits[i] = 0;
+    CUTE_UNROLL
+    for (int j = 0; j < kBlocks; ++j) {
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t le = __vcmpleu4(keep[j / 2].words[j % 2][h], limit) & 0x80808080u;
+        bits[j / 4] |= ((le * 0x00204081u) >> 28) << (8 * (j % 4) + 4 * h);
+      }
+    }
+  }
+  template <int kBlocks>
+  __device__ static bool kept_bit(const uint32_t (&bits)[(kBlocks + 3) / 4], int j, int h, int byte) {
+    return (bits[j / 4] >> (8 * (j % 4) + 4 * h + byte)) & 1u;
+  }
+
+  // Zeroes the dropped entries of a thread's fragment of P (queries x keys) in rowcol view; coord holds the
+  // tile coordinates, row0 / col0 the tile's first query / key in its sequence (col0 a multiple of 16).
   template <class TensorS, class TensorC>
   __device__ void apply(TensorS& S, const TensorC& coord, int row0, int col0) const {
     using namespace cute;
@@ -159,24 +207,14 @@ struct Dropout {
     static_assert(decltype(size<1>(S))::value % 4 == 0, "whole 16-key blocks per thread");
     CUTE_UNROLL
     for (int m = 0; m < kRowTiles; ++m) {
-      const int a = (row0 + get<0>(coord(2 * m, 0))) >> 4;
+      KeepWords keep[(kBlocks + 1) / 2];
+      draw</*kTransposed=*/false, kBlocks>(keep, (row0 + get<0>(coord(2 * m, 0))) >> 4, (col0 + get<1>(coord(0, 0))) >> 4);
       CUTE_UNROLL
-      for (int j = 0; j < kBlocks; j += 2) {
-        constexpr int kLast = kBlocks - 1;
-        const int j1 = j + 1 < kBlocks ? j + 1 : kLast;  // an odd count: the last block twice
-        const KeepWords keep = draw_keep_words</*kTransposed=*/false>(
-            rng, a, (col0 + get<1>(coord(0, 4 * j))) >> 4, (col0 + get<1>(coord(0, 4 * j1))) >> 4);
+      for (int c = 0; c < size<1>(S); ++c) {
         CUTE_UNROLL
-        for (int jj = 0; jj < 2; ++jj) {
-          if (j + jj >= kBlocks) continue;
-          CUTE_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            CUTE_UNROLL
-            for (int byte = 0; byte < 4; ++byte) {
-              float& s = S(2 * m + h, 4 * (j + jj) + byte);
-              s = keep_byte(keep.words[jj][h], byte, threshold) ? s : 0.f;
-            }
-          }
+        for (int h = 0; h < 2; ++h) {
+          float& s = S(2 * m + h, c);
+          s = kept<kBlocks>(keep, c / 4, h, c % 4) ? s : 0.f;
         }
       }
     }

@@ -59,8 +59,11 @@ constexpr int kBwdBlockNSm90 = 128, kMaxHeadSplits = 8;
 inline bool fwd_extended(const FwdParams& p) {
   return p.window_left >= 0 || p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_p > 0.f;
 }
-// The backward likewise, for softcap and ALiBi (windows cost its plain kernels nothing measurable: step 44).
-inline bool bwd_extended(const FwdParams& p) { return p.softcap > 0.f || p.alibi_slopes != nullptr; }
+// The backward likewise, for softcap, ALiBi and dropout (windows cost its plain kernels nothing measurable:
+// step 44).
+inline bool bwd_extended(const FwdParams& p) {
+  return p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_p > 0.f;
+}
 inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   *splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;

@@ -37,16 +37,18 @@ struct BwdScores {
 
   // The extended kernels' P and dS of one score, in place: s (the raw score) becomes P = exp2((t + bias) scale
   // log2e - LSE log2e), dp (dP) becomes dS = P (dP - D) (1 - t^2); a hidden pair (kept false) gets 0 for both.
+  // Dropout: zscale is the dropout scale where the pair is kept, 0 where dropped; P (for dV) becomes the
+  // dropped, scaled one and dS = P (zscale dP - D), D = rowsum(dO o O) being the dropped forward's.
   __device__ __forceinline__ void p_and_ds(float& s, float& dp, float bias, float lse_log2, float dsum,
-                                           bool kept) const {
+                                           bool kept, float zscale = 1.f) const {
     float grad = 1.f;
     if (softcap) {
       s = fast_tanh(s * scale_over_softcap);
       grad = softcap_grad(s);
     }
     const float prob = fast_exp2((s + bias) * scale_log2 - lse_log2);
-    s = kept ? prob : 0.f;
-    dp = kept ? prob * (dp - dsum) * grad : 0.f;
+    s = kept ? prob * zscale : 0.f;
+    dp = kept ? prob * (dp * zscale - dsum) * grad : 0.f;
   }
 };
 

@@ -9,6 +9,7 @@
 
 #include "common/alibi.h"
 #include "common/block_range.h"
+#include "common/dropout.h"
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
 #include "common/mask.h"
@@ -21,8 +22,9 @@ namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
 // visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kExtended (fwd_extended): a
-// window's left edge, whose blocks mask both edges, softcap and ALiBi.
-template <class Traits, bool kExtended>
+// window's left edge, whose blocks mask both edges, softcap and ALiBi; with kDropout (a kernel of its
+// own, as on Hopper) also dropout.
+template <class Traits, bool kExtended, bool kDropout>
 __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenInfo& seq, int bidb, int bidh,
                                          int m_block) {
   using namespace cute;
@@ -103,6 +105,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   const Mask mask{window};
   const bool softcap = kExtended && params.softcap > 0.f;
   const Alibi alibi(params, seq.len_q, seq.len_k, bidb, bidh);
+  static_assert(kExtended || !kDropout);
+  const Dropout dropout(params, bidb, bidh);
   OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(softcap ? params.softcap : params.softmax_scale);
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
@@ -128,6 +132,8 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     }
     Tensor O = rowcol_view(acc_o);
     softmax.update(S, O);
+    // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
+    if constexpr (kDropout) dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
     gemm_rs(mma, acc_o, tOrP, tOrVt, tOsVt, smem_copy_v);
@@ -158,6 +164,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     Tensor O = rowcol_view(acc_o);
     softmax.finalize(O, row_lse);
   }
+  if constexpr (kDropout) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
+  }
   Tensor rO = convert_fragment<Element>(acc_o);
   auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma);
   auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
@@ -181,8 +191,9 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   store_tile(gmem_copy_o, tOrO, tOgO, tOcO, rows_left, params.head_dim);
 }
 
-template <class Traits, bool kExtended>
+template <class Traits, bool kExtended, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
+  if (kDropout && blockIdx.x == 0 && threadIdx.x == 0) Dropout::record(params);
   const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
   if (params.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
     const UncoveredRows uncovered(params.cu_seqlens_q, params.batch, params.total_q);
@@ -190,7 +201,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_
                         params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,
                         int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
   }
-  if (tile.valid) fwd_tile<Traits, kExtended>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
+  if (tile.valid) fwd_tile<Traits, kExtended, kDropout>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
 }
 
 }  // namespace flash_attn2

@@ -8,9 +8,13 @@
 
 namespace flash_attn2 {
 
-template <class Traits>
+// kWithDropout: this tile also has the dropout kernel (the short tile does not: one kernel fewer to build).
+template <class Traits, bool kWithDropout = true>
 cudaError_t launch_fwd_tile(const FwdParams& params, cudaStream_t stream) {
   auto kernel = fwd_extended(params) ? &fwd_kernel<Traits, true> : &fwd_kernel<Traits, false>;
+  if constexpr (kWithDropout) {
+    if (params.dropout_p > 0.f) kernel = &fwd_kernel<Traits, true, true>;
+  }
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(params);
@@ -35,8 +39,8 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream) {
   }
 #endif
   if constexpr (HasShortTile<Tiles>::value) {
-    if (params.seqlen_q <= Tiles::kShortMaxSeqlenQ) {
-      return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Short>>(params, stream);
+    if (params.seqlen_q <= Tiles::kShortMaxSeqlenQ && params.dropout_p == 0.f) {
+      return launch_fwd_tile<FwdTraits<kHeadDim, Element, typename Tiles::Short>, false>(params, stream);
     }
   }
   return launch_fwd_tile<Long>(params, stream);

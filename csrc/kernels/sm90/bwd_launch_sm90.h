@@ -20,7 +20,7 @@ typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
   return make_tma_copy(SM90_TMA_LOAD{}, t, typename Traits::SmemLayoutRows{});
 }
 
-template <class Traits, bool kExtended>
+template <class Traits, bool kExtended, bool kDropout = false>
 cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   constexpr int kHeadDim = Traits::kHeadDim;
   const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
@@ -29,7 +29,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = bwd_head_splits(p, &head_splits)) return err;
   const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = &bwd_kernel_sm90<Traits, kExtended>;
+  auto kernel = &bwd_kernel_sm90<Traits, kExtended, kDropout>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
   const int64_t rows_extent = bwd_softmax_d_elems(p);
@@ -79,6 +79,10 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsSm90For<kHeadDim, ElementOf<kDType>>;
   using TraitsExtended = std::conditional_t<kHeadDim == 64, BwdTraitsSm90<64, ElementOf<kDType>, 64>, Traits>;
+  if (p.dropout_p > 0.f) {  // run_bwd sends dropout here only at head dim <= 128
+    if constexpr (!Traits::kWide) return launch_bwd_sm90_traits<TraitsExtended, true, true>(p, stream);
+    return cudaErrorNotSupported;
+  }
   return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, stream)
                          : launch_bwd_sm90_traits<Traits, false>(p, stream);
 }

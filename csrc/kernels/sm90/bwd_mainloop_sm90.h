@@ -10,12 +10,13 @@
 #include "sm90/bwd_work_sm90.h"
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/softmax.h"  // BwdScores
 
 namespace flash_attn2::sm90 {
 
 // Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the block's key block.
-template <class Traits, bool kExtended>
+template <class Traits, bool kExtended, bool kDropout>
 __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                             const BwdWork<Traits>& work, int wg) {
   using namespace cute;
@@ -61,6 +62,10 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   constexpr int kCols = decltype(size<1>(tScS))::value;
   const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
   const float scale_log2 = scores.scale_log2;
+  static_assert(kExtended || !kDropout);
+  constexpr bool dropped = kDropout;
+  const Dropout dropout_batch(p, work.bidb, 0);
+  constexpr int kQueryBlocks = kCols / 4;  // 16-query blocks of a step in a thread's columns
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
   auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
@@ -143,6 +148,14 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
         // Softcap's derivative 1 - t^2 wants t = tanh(S scale / softcap) beside dP: both GEMMs first, then
         // one pass, so that t neither waits in a register for dP nor is recomputed from P with a log (a third
         // MUFU op per score, and registers the extended kernels do not have).
+        // Dropout: the forward's keep bits, drawn for S^T (rows keys, columns queries: the same draws).
+        static_assert(decltype(size<0>(St))::value == 2, "one 16-key tile per warp");
+        // Drawn while the GEMMs run, held as one bit per score.
+        const Dropout dropout = dropout_batch.with_head(p, work.bidb, work.head(step));
+        uint32_t drop_bits[(kQueryBlocks + 3) / 4];
+        if constexpr (dropped) {
+          dropout.draw_bits</*kTransposed=*/true, kQueryBlocks>(drop_bits, (key0 + get<0>(tScS(0, 0))) >> 4, row0 >> 4);
+        }
         warpgroup_wait<0>();
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
@@ -150,7 +163,9 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
           const float lse_log2 = smem.lse_log2[stage][row], dsum = smem.dsum[stage][row];
           CUTE_UNROLL
           for (int r = 0; r < size<0>(St); ++r) {
-            scores.p_and_ds(St(r, c), dPt(r, c), bias(r, c), lse_log2, dsum, keep(r, c));
+            const float zscale =
+                !dropped ? 1.f : Dropout::kept_bit<kQueryBlocks>(drop_bits, c / 4, r, c % 4) ? dropout.scale : 0.f;
+            scores.p_and_ds(St(r, c), dPt(r, c), bias(r, c), lse_log2, dsum, keep(r, c), zscale);
           }
         }
       } else {
