@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/autograd.h>
@@ -312,25 +313,48 @@ void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
   TORCH_CHECK(err == cudaSuccess, "flash_attn2: ", direction, " failed: ", flash_attn2::last_error_message());
 }
 
-// Dropout's fields: drawn with the (seed, offset) that rng_state (2 int64 on q's device) holds, read by the
-// kernels themselves (it may be a CUDA graph's, filled at replay).
-void set_dropout(flash_attn2::FwdParams& p, double dropout_p, const OptTensor& rng_state, const Tensor& q) {
+// Dropout's fields. new_seed false: drawn with the (seed, offset) that rng_state (2 contiguous int64 on q's
+// device: the backward's, or a test's) holds, read by the kernels themselves. new_seed true: from torch's
+// default CUDA generator of q's device (torch.manual_seed reproduces it), advanced by one call's worth;
+// under CUDA graph capture its captured state's device pointers, which each replay advances. The forward
+// kernel then records the pair it used into rng_state for the backward.
+void set_dropout(flash_attn2::FwdParams& p, double dropout_p, const OptTensor& rng_state, bool new_seed,
+                 const Tensor& q) {
   TORCH_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "flash_attn2: dropout_p must be in [0, 1), got ", dropout_p);
   if (dropout_p == 0.0) return;
   TORCH_CHECK(rng_state && rng_state->device() == q.device() && rng_state->scalar_type() == at::kLong &&
                   rng_state->numel() == 2 && rng_state->is_contiguous(),
               "flash_attn2: dropout_p > 0 needs rng_state, 2 contiguous int64 (seed, offset) on q's device");
   p.dropout_p = float(dropout_p);
-  const auto* state = reinterpret_cast<const uint64_t*>(rng_state->data_ptr<int64_t>());
-  p.philox_seed_ptr = state;
-  p.philox_offset_ptr = state + 1;
+  auto* state = reinterpret_cast<uint64_t*>(rng_state->data_ptr<int64_t>());
+  if (!new_seed) {
+    p.philox_seed_ptr = state;
+    p.philox_offset_ptr = state + 1;
+    return;
+  }
+  auto* gen = at::get_generator_or_default<at::CUDAGeneratorImpl>(
+      std::nullopt, at::cuda::detail::getDefaultCUDAGenerator(q.device().index()));
+  at::PhiloxCudaState philox;
+  {
+    std::lock_guard<std::mutex> lock(gen->mutex_);
+    philox = gen->philox_cuda_state(4);  // the kernels count by offset / 4: one call, one step
+  }
+  if (philox.captured_) {
+    p.philox_seed_ptr = reinterpret_cast<const uint64_t*>(philox.seed_.ptr);
+    p.philox_offset_ptr = reinterpret_cast<const uint64_t*>(philox.offset_.ptr);
+    p.philox_offset = philox.offset_intragraph_;
+  } else {
+    p.philox_seed = philox.seed_.val;
+    p.philox_offset = philox.offset_.val;
+  }
+  p.rng_state = state;
 }
 
 // Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready; dropout as set_dropout.
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap,
-             const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state) {
+             const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state, bool new_seed) {
   if (q.numel() == 0) return;
   if (k.numel() == 0) {  // no keys at all: every row sees nothing
     out.zero_();
@@ -340,8 +364,8 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
-  set_dropout(p, dropout_p, rng_state, q);
   const c10::cuda::CUDAGuard guard(q.device());
+  set_dropout(p, dropout_p, rng_state, new_seed, q);
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
   // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
   // (read on every call, like FLASH_ATTN2_BACKEND: a getenv is cheap next to a launch) keeps the fixed
@@ -368,7 +392,7 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   flash_attn2::BwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
-  set_dropout(p, dropout_p, rng_state, q);
+  set_dropout(p, dropout_p, rng_state, /*new_seed=*/false, q);
   const bool varlen = cu_seqlens_q.has_value();
   const int64_t dim = varlen ? 3 : 4;
   check_tensor(dout, "dout", dim, q, q.scalar_type());
@@ -409,19 +433,24 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
 // The ops, in the inputs' head dim: out and lse contiguous, the gradients as grad_like says (and so does
 // flash_attn2/_ops.py's fake versions).
 
-std::tuple<Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
-                               const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                               double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                               double softcap, const OptTensor& alibi_slopes, bool /*deterministic: the backward's*/) {
+std::tuple<Tensor, Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                                       int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       const OptTensor& alibi_slopes, bool /*deterministic: the backward's*/,
+                                       double dropout_p) {
   check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
   check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
   const Tensor qr = kernel_ready(q);
   Tensor out = at::empty(qr.sizes(), qr.options());
   Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
                          q.options().dtype(at::kFloat));
+  // The (seed, offset) dropout used, for the backward; without dropout empty (no memory, no fill).
+  Tensor rng_state = at::empty({dropout_p > 0.0 ? 2 : 0}, q.options().dtype(at::kLong));
   fwd_out(qr, kernel_ready(k), kernel_ready(v), out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, 0.0, c10::nullopt);
-  return {unpadded(out, q.size(-1)), lse};
+          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
+          /*new_seed=*/true);
+  return {unpadded(out, q.size(-1)), lse, rng_state};
 }
 
 std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -429,12 +458,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, cons
                                        const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
                                        double softmax_scale, bool causal, int64_t window_left,
                                        int64_t window_right, double softcap, const OptTensor& alibi_slopes,
-                                       bool deterministic) {
+                                       bool deterministic, double dropout_p, const OptTensor& rng_state) {
   const Tensor qr = kernel_ready(q), kr = kernel_ready(k);
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-          deterministic, 0.0, c10::nullopt);
+          deterministic, dropout_p, rng_state);
   const int64_t head_dim = q.size(-1);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim)};
 }
@@ -446,9 +475,9 @@ using torch::autograd::variable_list;
 
 const auto& fwd_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::fwd", "").typed<
-      std::tuple<Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
-                                 c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t, double, const OptTensor&,
-                                 bool)>();
+      std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
+                                         const OptTensor&, c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t,
+                                         double, const OptTensor&, bool, double)>();
   return op;
 }
 
@@ -456,7 +485,8 @@ const auto& bwd_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::bwd", "").typed<
       std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                          const Tensor&, const OptTensor&, const OptTensor&, c10::SymInt, c10::SymInt,
-                                         double, bool, int64_t, int64_t, double, const OptTensor&, bool)>();
+                                         double, bool, int64_t, int64_t, double, const OptTensor&, bool, double,
+                                         const OptTensor&)>();
   return op;
 }
 
@@ -469,7 +499,8 @@ struct FlashAttnBackward : public torch::autograd::Node {
   double softmax_scale = 0;
   bool causal = false, deterministic = false;
   int64_t window_left = -1, window_right = -1;
-  double softcap = 0;
+  double softcap = 0, dropout_p = 0;
+  Tensor rng_state;  // the forward's dropout seed and offset (an output of it, never differentiated)
 
   std::string name() const override { return "FlashAttnBackward"; }
 
@@ -479,7 +510,8 @@ struct FlashAttnBackward : public torch::autograd::Node {
     const bool det = deterministic || at::globalContext().deterministicAlgorithms();
     auto [dq, dk, dv] = bwd_op().call(grads[0], q.unpack(), k.unpack(), v.unpack(), out.unpack(shared_from_this()),
                                       lse.unpack(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det);
+                                      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det,
+                                      dropout_p, rng_state);
     result[0] = std::move(dq), result[1] = std::move(dk), result[2] = std::move(dv);
     return result;
   }
@@ -489,19 +521,22 @@ struct FlashAttnBackward : public torch::autograd::Node {
   }
 };
 
-std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const OptTensor& cu_seqlens_q,
-                                        const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
-                                        double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                                        double softcap, const OptTensor& alibi_slopes, bool deterministic) {
+std::tuple<Tensor, Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                                const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                                                c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+                                                double softmax_scale, bool causal, int64_t window_left,
+                                                int64_t window_right, double softcap, const OptTensor& alibi_slopes,
+                                                bool deterministic, double dropout_p) {
   const bool needs_grad =
       torch::autograd::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  Tensor out, lse;
+  Tensor out, lse, rng_state;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    std::tie(out, lse) = fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                       causal, window_left, window_right, softcap, alibi_slopes, deterministic);
+    std::tie(out, lse, rng_state) =
+        fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                      window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p);
   }
-  if (!needs_grad) return {out, lse};  // inference: no node to build
+  if (!needs_grad) return {out, lse, rng_state};  // inference: no node to build
   auto node = std::shared_ptr<FlashAttnBackward>(new FlashAttnBackward(), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
   torch::autograd::set_history(out, node);  // lse stays non-differentiable
@@ -521,7 +556,9 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
   node->softcap = softcap;
   node->alibi_slopes = alibi_slopes;
   node->deterministic = deterministic;
-  return {out, lse};
+  node->dropout_p = dropout_p;
+  node->rng_state = rng_state;
+  return {out, lse, rng_state};
 }
 
 // The backward op is not differentiable. Under create_graph=True its results carry a node that raises
@@ -531,13 +568,14 @@ std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& dout, const Tensor
                                                 const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
                                                 c10::SymInt max_seqlen_k, double softmax_scale, bool causal,
                                                 int64_t window_left, int64_t window_right, double softcap,
-                                                const OptTensor& alibi_slopes, bool deterministic) {
+                                                const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
+                                                const OptTensor& rng_state) {
   Tensor dq, dk, dv;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::tie(dq, dk, dv) = bwd_op().call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
                                          std::move(max_seqlen_k), softmax_scale, causal, window_left, window_right,
-                                         softcap, alibi_slopes, deterministic);
+                                         softcap, alibi_slopes, deterministic, dropout_p, rng_state);
   }
   const bool differentiable = dout.requires_grad() || q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                               out.requires_grad();
@@ -558,14 +596,18 @@ int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {
 
 TORCH_LIBRARY(flash_attn2, m) {
   // deterministic is the backward's (saved by the autograd formula); max_seqlen_q/k are hints for varlen
-  // and ignored for fixed-length calls.
+  // and ignored for fixed-length calls. fwd draws dropout's seed from torch's CUDA generator and returns it
+  // in rng_state (2 int64: seed, offset; empty without dropout), which bwd takes back:
+  // nondeterministic_seeded, so that a compiler neither merges two calls nor drops one.
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
         "SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-        "Tensor? alibi_slopes, bool deterministic) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "Tensor? alibi_slopes, bool deterministic, float dropout_p=0.0) "
+        "-> (Tensor out, Tensor softmax_lse, Tensor rng_state)",
+        {at::Tag::nondeterministic_seeded});
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? cu_seqlens_q, "
         "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
-        "int window_left, int window_right, float softcap, Tensor? alibi_slopes, bool deterministic) "
+        "int window_left, int window_right, float softcap, Tensor? alibi_slopes, bool deterministic, "
+        "float dropout_p=0.0, Tensor? rng_state=None) "
         "-> (Tensor dq, Tensor dk, Tensor dv)");
 }
 

@@ -95,3 +95,34 @@ def _keep(seed, offset, p, bh, seqlen_q, seqlen_k, device):
     rows = torch.arange(seqlen_q, device=device).view(-1, 1)
     cols = torch.arange(seqlen_k, device=device).view(1, -1)
     return keep_bytes(seed, offset, bh, rows, cols) < dropout_threshold(p)
+
+
+def s_dmask(q, k, rng_state, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q=None,
+            cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+    """flash-attn's S_dmask (return_attn_probs=True with dropout): the softmax probabilities (batch, nheads,
+    seqlen_q, seqlen_k) in q's dtype, negated where dropout dropped them; varlen pads each sequence to
+    (max_seqlen_q, max_seqlen_k) with zeros. Recomputed here in O(seqlen^2) memory from the seed and offset
+    the forward drew with (a device-to-host read): for tests and inspection, as in flash-attn."""
+    from .testing import attention_scores  # the reference's scores: one definition of the score modifiers
+
+    seed, offset = (int(x) & 0xFFFFFFFFFFFFFFFF for x in rng_state.tolist())
+    threshold = dropout_threshold(p)
+
+    def one(qb, kb, b, slopes):
+        scores = attention_scores(qb.float(), kb.float(), causal, softmax_scale, window, softcap, slopes)
+        probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[0]  # (heads, sq, sk)
+        keep = keep_mask_one(seed, offset, p, b, qb.shape[2], qb.shape[1], kb.shape[1], device=q.device)
+        return torch.where(keep & (threshold > 0), probs, -probs).to(q.dtype)
+
+    if cu_seqlens_q is None:
+        return torch.stack([one(q[b:b + 1], k[b:b + 1], b, alibi_slopes[b] if alibi_slopes is not None
+                                and alibi_slopes.dim() == 2 else alibi_slopes) for b in range(q.shape[0])])
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    batch = len(starts_q) - 1
+    result = q.new_zeros((batch, q.shape[1], max_seqlen_q, max_seqlen_k))
+    for b in range(batch):
+        qb = q[None, starts_q[b]:starts_q[b + 1]]
+        kb = k[None, starts_k[b]:starts_k[b + 1]]
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        result[b, :, :qb.shape[1], :kb.shape[1]] = one(qb, kb, b, slopes)
+    return result

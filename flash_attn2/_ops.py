@@ -35,15 +35,17 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("flash_attn2::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, alibi_slopes, deterministic):
+              window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0):
     check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
     check_alibi_slopes(alibi_slopes, q, cu_seqlens_q)
-    # softmax_lse: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q).
+    # softmax_lse: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q); rng_state: (seed, offset) with
+    # dropout, else empty.
     lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
-    return _empty_like(q), q.new_empty(lse_shape, dtype=torch.float32)
+    rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
+    return _empty_like(q), q.new_empty(lse_shape, dtype=torch.float32), rng_state
 
 
 @torch.library.register_fake("flash_attn2::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, softcap, alibi_slopes, deterministic):
+              causal, window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0, rng_state=None):
     return _grad_like(q), _grad_like(k), _grad_like(v)

@@ -13,7 +13,7 @@ import os
 
 import torch
 
-from . import _ops
+from . import _dropout, _ops
 from ._checks import (MAX_HEAD_DIM, MAX_SEQLEN, check_alibi_slopes, check_max_seqlen, check_tensors,
                       check_types)
 
@@ -24,9 +24,17 @@ CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 # Checks of the other arguments: each error names the argument and what was expected.
 
 
-def _check_unsupported(dropout_p, block_table=None):
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"flash_attn2: dropout_p={dropout_p} is not supported yet; only dropout_p=0.0")
+def _dropout_p(dropout_p) -> float:
+    try:
+        value = float(dropout_p)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"flash_attn2: dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    return value
+
+
+def _check_unsupported(block_table=None):
     if block_table is not None:
         raise NotImplementedError("flash_attn2: block_table (paged KV cache) is not supported yet; pass block_table=None")
 
@@ -102,13 +110,13 @@ def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     with rng_state's (seed, offset), an int64 CUDA tensor of 2 (flash_attn2/_dropout.py regenerates the mask)."""
     if out is None and dropout_p == 0.0:
         return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window,
-                        softcap, alibi_slopes, False)
+                        softcap, alibi_slopes, False)[:2]
     if out is None:
         out = torch.empty_like(q)
         lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
         softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
     _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, *window, softcap, alibi_slopes, dropout_p, rng_state)
+                     causal, *window, softcap, alibi_slopes, dropout_p, rng_state, False)
     return out, softmax_lse
 
 
@@ -130,7 +138,8 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
-    _check_unsupported(dropout_p, block_table)
+    _check_unsupported(block_table)
+    dropout_p = _dropout_p(dropout_p)
     softcap = _softcap(softcap)
     check_types(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
     varlen = cu_seqlens_q is not None
@@ -152,10 +161,16 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
             _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
         if not q.is_cuda:
             raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
-    out, softmax_lse = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, causal, left,
-                                right, softcap, alibi_slopes, bool(deterministic))
-    # S_dmask carries the dropout pattern in flash-attn; without dropout it is None there too.
-    return (out, softmax_lse, None) if return_attn_probs else out
+    out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                           causal, left, right, softcap, alibi_slopes, bool(deterministic), dropout_p)
+    if not return_attn_probs:
+        return out
+    # S_dmask carries the dropout pattern, as in flash-attn; without dropout it is None there too.
+    s_dmask = None
+    if dropout_p > 0.0:
+        s_dmask = _dropout.s_dmask(q, k, rng_state, dropout_p, causal, scale, (left, right), softcap, alibi_slopes,
+                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return out, softmax_lse, s_dmask
 
 
 # ----------------------------------------------------------------------------------------------------

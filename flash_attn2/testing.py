@@ -26,9 +26,19 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     dtype = q.dtype
     if upcast:  # to float32, or keep float64
         q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
-    groups = q.shape[2] // k.shape[2]
-    k = k.repeat_interleave(groups, dim=2)
-    v = v.repeat_interleave(groups, dim=2)
+    v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
+    scores = attention_scores(q, k, causal, softmax_scale, window, softcap, alibi_slopes)
+    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
+    attn = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    if dropout_keep is not None:
+        attn = attn * dropout_keep.to(attn.dtype) * dropout_scale
+    out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
+    return out.to(dtype), lse
+
+
+def attention_scores(q, k, causal=False, softmax_scale=None, window=(-1, -1), softcap=0.0, alibi_slopes=None):
+    """attention_ref's scores (b, h, sq, sk) in q's dtype, -inf where the mask hides them."""
+    k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     scores = torch.einsum("bthd,bshd->bhts", q * scale, k)
     if softcap > 0:
@@ -50,12 +60,7 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
         scores = scores.masked_fill(col > diag + right, -math.inf)
     if left >= 0:
         scores = scores.masked_fill(col < diag - left, -math.inf)
-    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
-    attn = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
-    if dropout_keep is not None:
-        attn = attn * dropout_keep.to(attn.dtype) * dropout_scale
-    out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
-    return out.to(dtype), lse
+    return scores
 
 
 def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, upcast=True,

@@ -21,12 +21,10 @@ def varlen_args(device="cpu"):
     return q, q.clone(), q.clone(), cu, cu.clone(), 6, 6
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(dropout_p=0.1), "dropout_p"),
-])
-def test_unsupported_options_raise_not_implemented(kwargs, match):
-    with pytest.raises(NotImplementedError, match=match):
-        flash_attn2.flash_attn_func(*qkv(), **kwargs)
+@pytest.mark.parametrize("dropout_p", [-0.1, 1.0, 1.5, float("nan"), "x", None])
+def test_bad_dropout_p(dropout_p):
+    with pytest.raises(ValueError, match=r"dropout_p must be a float in \[0, 1\)"):
+        flash_attn2.flash_attn_func(*qkv(), dropout_p=dropout_p)
 
 
 def test_extension_errors_format_numbers():
@@ -36,7 +34,7 @@ def test_extension_errors_format_numbers():
     q = torch.randn(2, 16, 64, dtype=BF16)
     with pytest.raises(RuntimeError, match="q must have 4 dimensions, got 3"):
         flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1,
-                                     0.0, None, 0.0, None)
+                                     0.0, None, 0.0, None, False)
 
 
 @pytest.mark.parametrize("slopes,error,match", [

@@ -1,7 +1,6 @@
-"""Attention dropout in the kernels (GPU) against a float32 reference built from the mask that
-flash_attn2/_dropout.py regenerates: both forwards, and the Hopper backward at head dim <= 128, through the
-internal entry points (the public API raises NotImplementedError for dropout_p > 0 until every backward has
-it)."""
+"""Attention dropout (GPU) against a float32 reference built from the mask that flash_attn2/_dropout.py
+regenerates: both forwards, the Hopper backward at head dim <= 128 (the others raise NotImplementedError),
+the public API (S_dmask, torch.manual_seed) and CUDA graph replays."""
 
 import pytest
 import torch
@@ -9,7 +8,7 @@ import torch
 import flash_attn2
 from flash_attn2 import _dropout
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
-from flash_attn2.testing import attention_ref, max_error, reference_grads, within_tolerance
+from flash_attn2.testing import attention_ref, attention_scores, max_error, reference_grads, within_tolerance
 
 from test_backward import check_grads
 from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, varlen_inputs
@@ -182,8 +181,70 @@ def test_backward_refuses_dropout_where_missing(monkeypatch):
                              dropout_p=0.5, rng_state=rng_state())
 
 
-def test_public_api_still_refuses_dropout():
-    require_kernel(64, torch.bfloat16)
-    q = randn(1, 16, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        flash_attn2.flash_attn_func(q, q, q, dropout_p=0.1)
+@pytest.mark.parametrize("varlen", [False, True])
+def test_public_api(varlen):
+    """flash_attn_func / flash_attn_varlen_func with dropout_p: S_dmask's signs are the mask the output used,
+    gradients through autograd match the reference built from them (Hopper), torch.manual_seed reproduces
+    a call bitwise and the generator moves on between calls."""
+    dtype, p = torch.bfloat16, 0.2
+    require_kernel(64, dtype)
+    if varlen:
+        lens = [100, 0, 37]
+        cu, _, q, k, v = varlen_inputs(lens, lens, 4, 2, 64, dtype)
+        call = lambda **kw: flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, 100, 100, dropout_p=p,  # noqa: E731
+                                                               causal=True, **kw)
+    else:
+        q, k, v = dense_inputs(2, 100, 130, 4, 2, 64, dtype)
+        call = lambda **kw: flash_attn2.flash_attn_func(q, k, v, dropout_p=p, causal=True, **kw)  # noqa: E731
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.manual_seed(7)
+    out, _, s_dmask = call(return_attn_probs=True)
+    torch.manual_seed(7)
+    assert torch.equal(call(), out)
+    assert not torch.equal(call(), out)
+    if varlen:
+        return  # the per-sequence masks: test_dropout_varlen
+    keep = ~torch.signbit(s_dmask)
+    ref = lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up, dropout_keep=keep,  # noqa: E731
+                                            dropout_scale=_dropout.dropout_scale(p))[0]
+    ok, err, err_pt = within_tolerance(out, ref(q, k, v, True), ref(q, k, v, False))
+    assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+    probs = torch.softmax(attention_scores(q.detach().float(), k.detach().float(), True), dim=-1)
+    torch.testing.assert_close(s_dmask.abs().float(), probs, atol=1e-2, rtol=0)  # magnitudes: the softmax
+    if not hopper():
+        with pytest.raises(NotImplementedError, match="dropout_p > 0"):
+            out.sum().backward()
+        return
+    dout = randn(*out.shape, dtype=dtype)
+    out.backward(dout)
+    refs, refs_pt = reference_grads(ref, (q, k, v), dout)
+    check_grads((q.grad, k.grad, v.grad), refs[1:], refs_pt[1:])
+
+
+def test_cuda_graph_replays_draw_new_masks():
+    """Under CUDA graph capture the kernels read the generator's captured seed and offset: each replay draws
+    a new mask and records the pair it used in rng_state, which regenerates it."""
+    dtype, p = torch.bfloat16, 0.3
+    require_kernel(64, dtype)
+    q, k, v = dense_inputs(1, 128, 128, 2, 1, 64, dtype)
+    args = (None, None, 0, 0, 0.125, False, -1, -1, 0.0, None, False, p)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        flash_attn2._ops.fwd(q, k, v, *args)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, _, state = flash_attn2._ops.fwd(q, k, v, *args)
+    results = []
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        seed, offset = (x & 0xFFFFFFFFFFFFFFFF for x in state.tolist())
+        keep = _dropout.keep_mask(seed, offset, p, 1, 2, 128, 128, device="cuda")
+        ref = lambda up: attention_ref(q, k, v, False, 0.125, upcast=up, dropout_keep=keep,  # noqa: E731
+                                       dropout_scale=_dropout.dropout_scale(p))[0]
+        ok, err, err_pt = within_tolerance(out, ref(True), ref(False))
+        assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+        results.append((out.clone(), (seed, offset)))
+    assert results[0][1] != results[1][1] and not torch.equal(results[0][0], results[1][0])

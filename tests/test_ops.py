@@ -24,9 +24,11 @@ def test_fake_outputs_match_the_op_contract(head_dim):
     with FakeTensorMode():
         q = torch.empty(2, 8, 100, head_dim, device="cuda", dtype=BF16).transpose(1, 2)
         k = torch.empty(2, 8, 50, head_dim, device="cuda", dtype=BF16).transpose(1, 2)[:, :, :2]
-        out, lse = _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
+        out, lse, rng_state = _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
         assert out.shape == q.shape and out.is_contiguous() and out.dtype == BF16
         assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32 and lse.is_contiguous()
+        assert rng_state.shape == (0,) and rng_state.dtype == torch.int64
+        assert _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False, 0.1)[2].shape == (2,)
         dq, dk, dv = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
         assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dk.is_contiguous()
         # Gradients keep a dense input's strides where its head dim is a multiple of 8 (q, a transposed
@@ -34,7 +36,7 @@ def test_fake_outputs_match_the_op_contract(head_dim):
         assert dq.stride() == (q.stride() if head_dim % 8 == 0 else q.contiguous().stride())
         qv = torch.empty(300, 8, head_dim, device="cuda", dtype=BF16)
         cu = torch.empty(4, device="cuda", dtype=torch.int32)
-        out, lse = _ops.fwd(qv, qv[:, :4], qv[:, :4], cu, cu, 7, 7, 0.1, False, 3, 2, 0.0, None, False)
+        out, lse, _ = _ops.fwd(qv, qv[:, :4], qv[:, :4], cu, cu, 7, 7, 0.1, False, 3, 2, 0.0, None, False)
         assert out.shape == qv.shape and lse.shape == (8, 300)
 
 
@@ -86,7 +88,7 @@ def test_opcheck(case):
     require_kernel(args[0].shape[-1], BF16)
     q, k, v = (t.requires_grad_() for t in args[:3])
     torch.library.opcheck(_ops.fwd, (q, k, v, *args[3:]))
-    out, lse = _ops.fwd(*args)
+    out, lse, _ = _ops.fwd(*args)
     dout = torch.randn_like(out)
     torch.library.opcheck(_ops.bwd, (dout, *(t.detach() for t in (q, k, v, out, lse)), *args[3:]))
 

@@ -317,14 +317,13 @@ def test_integration_without_transformers_says_how_to_install():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(dropout=0.1), NotImplementedError, "dropout=0.1 while training"),
     (dict(s_aux=torch.zeros(4)), NotImplementedError, r"sinks \(s_aux\)"),
     (dict(output_attentions=True), NotImplementedError, "output_attentions=True"),
     (dict(position_bias=torch.zeros(1, 4, 8, 12)), NotImplementedError, "argument.*position_bias"),
     (dict(attention_mask=torch.ones(1, 1, 8, 12, dtype=torch.bool)), NotImplementedError, "custom 4-D masks"),
     (dict(position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])), NotImplementedError, "packed sequences.*KV cache"),
     (dict(cu_seq_lens_q=torch.tensor([0, 8])), ValueError, "cu_seq_lens_q must come as all four"),
-], ids=["dropout", "s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
+], ids=["s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
         "packed_with_cache", "partial_cu_seq_lens"])
 def test_unsupported_arguments_raise(kwargs, error, match):
     model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME).train()
@@ -336,14 +335,46 @@ def test_unsupported_arguments_raise(kwargs, error, match):
         integration.flash_attn2_attention_forward(attn, q, k, v, **kwargs)
 
 
-@pytest.mark.parametrize("config, train, kwargs, match", [
-    (LlamaConfig(**CPU_CONFIG, attention_dropout=0.1), True, {}, "dropout=0.1 while training"),
-    (LlamaConfig(**CPU_CONFIG), False, {"output_attentions": True}, "output_attentions=True"),
-], ids=["dropout", "output_attentions"])
-def test_unsupported_model_options_raise(config, train, kwargs, match):
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=NAME).train(train)
-    with pytest.raises(NotImplementedError, match=match):
-        model(input_ids=torch.randint(100, (2, 10)), **kwargs)
+def test_output_attentions_raises():
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME).eval()
+    with pytest.raises(NotImplementedError, match="output_attentions=True"):
+        model(input_ids=torch.randint(100, (2, 10)), output_attentions=True)
+
+
+@pytest.mark.gpu
+def test_attention_dropout_while_training():
+    """config.attention_dropout reaches the kernels while training (torch.manual_seed reproduces a step's loss
+    and gradients, another seed changes them) and not in eval mode (logits as without dropout). The backward
+    has dropout on the Hopper path (head dim 64 here)."""
+    if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
+        pytest.skip("the backward has dropout on the Hopper path so far")
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**GPU_CONFIG, attention_dropout=0.3),
+                                             attn_implementation=NAME).to("cuda", torch.bfloat16)
+    plain = copy.deepcopy(model)
+    plain.config.attention_dropout = 0.0
+    for layer in plain.model.layers:
+        layer.self_attn.attention_dropout = 0.0
+    ids = torch.randint(GPU_CONFIG["vocab_size"], (2, 100), device="cuda")
+
+    def step(seed):
+        model.zero_grad()
+        torch.manual_seed(seed)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+
+    model.train()
+    (loss_a, grad_a), (loss_b, grad_b), (loss_c, grad_c) = step(1), step(1), step(2)
+    assert torch.isfinite(loss_a) and torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
+    assert not torch.equal(loss_a, loss_c) and not torch.equal(grad_a, grad_c)
+    with torch.no_grad():
+        plain_loss = plain.train()(input_ids=ids, labels=ids).loss
+        assert not torch.equal(loss_a, plain_loss)  # dropout did act while training
+        model.eval(), plain.eval()
+        assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
 
 
 def test_model_mask_functions_raise():

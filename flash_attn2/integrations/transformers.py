@@ -24,8 +24,10 @@ called any number of times. Developed against transformers 5.17, whose own flash
 - a sliding window (`sliding_window`, e.g. Mistral) as transformers' flash path passes it: (w - 1, w - 1),
   which causal makes (w - 1, 0); logit soft-capping (`softcap`, Gemma 2).
 
+- attention dropout while training (`dropout`, config.attention_dropout), with the kernels' dropout.
+
 What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: attention
-dropout while training, attention sinks (`s_aux`), `output_attentions=True`, a 4-D (custom)
+sinks (`s_aux`), `output_attentions=True`, a 4-D (custom)
 attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and
 any other non-None keyword argument not listed in `_NOT_FOR_ATTENTION`.
 """
@@ -123,7 +125,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
                                   deterministic=None, output_attentions=False, **kwargs):
     """transformers' attention-function signature: query (batch, heads, seq_q, head_dim), key/value
     (batch, kv_heads, seq_k, head_dim) -> (output (batch, seq_q, heads, head_dim) in query's dtype, None)."""
-    _check_supported(module, attention_mask, dropout, s_aux, output_attentions, kwargs)
+    _check_supported(attention_mask, s_aux, output_attentions, kwargs)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout (batch, seq, heads, dim), views
     head_dim, v_head_dim = q.shape[-1], v.shape[-1]
     if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
@@ -137,6 +139,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         # transformers' flash path: sliding_window counts the query's own key; causal makes it (w - 1, 0)
         "window_size": (-1, -1) if sliding_window is None else (sliding_window - 1, sliding_window - 1),
         "softcap": 0.0 if softcap is None else softcap,  # Gemma 2's attn_logit_softcapping
+        # attention dropout only while training, as in eager attention
+        "dropout_p": float(dropout) if module.training else 0.0,
         # transformers' flash path reads the same variable
         "deterministic": (os.getenv("FLASH_ATTENTION_DETERMINISTIC", "0") == "1" if deterministic is None
                           else bool(deterministic)),
@@ -165,12 +169,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
     return out[..., :v_head_dim].to(query.dtype), None
 
 
-def _check_supported(module, attention_mask, dropout, s_aux, output_attentions, kwargs):
+def _check_supported(attention_mask, s_aux, output_attentions, kwargs):
     """Raise for what flash_attn2 cannot honour, before any tensor work (so it also raises on CPU)."""
-    # In eval mode dropout is a no-op (as in eager attention), so only training needs it.
-    if dropout > 0 and module.training:
-        raise NotImplementedError(f"flash_attn2: attention dropout={dropout} while training is not supported yet; "
-                                  "set config.attention_dropout=0.0, or use attn_implementation='sdpa'")
     if s_aux is not None:
         raise NotImplementedError("flash_attn2: attention sinks (s_aux) are not supported yet" + _USE_INSTEAD)
     if output_attentions:
