@@ -140,17 +140,18 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
 
 // The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
 // FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the SM80 backward writes
-// the zero dK / dV), a dout whose strides TMA cannot take (zero, e.g. expanded over heads), and deterministic
-// mode unless FLASH_ATTN2_BACKEND=sm90 (its ordered dQ adds have not yet been measured against the SM80
-// backward's split accumulators); else the SM80 one, built for every head dim. nullptr for a bad
-// FLASH_ATTN2_BACKEND.
-BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p) {
+// the zero dK / dV), a dout whose strides TMA cannot take (zero, e.g. expanded over heads), dropout above
+// head dim 128 (the wide Hopper kernels have none), and deterministic mode unless FLASH_ATTN2_BACKEND=sm90
+// (its ordered dQ adds have not yet been measured against the SM80 backward's split accumulators); else the
+// SM80 one, built for every head dim. nullptr for a bad FLASH_ATTN2_BACKEND.
+BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, int bucket) {
   std::string backend;
   if (!requested_backend(&backend)) return nullptr;
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
   const bool sm90 = k.bwd_sm90 != nullptr && (p.num_splits == 0 || backend == "sm90") && backend != "sm80" &&
-                    tma_strides && p.total_q > 0 && device_is_sm90();
+                    (p.dropout_p == 0.f || bwd_sm90_kernel_dim(bucket) <= 128) && tma_strides && p.total_q > 0 &&
+                    device_is_sm90();
   return sm90 ? k.bwd_sm90 : k.bwd;
 }
 
@@ -281,13 +282,8 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
-  const Kernels& k = kernels(bucket, p.dtype);
-  const BwdLauncher bwd = pick_bwd(k, p);
+  const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p, bucket);
   if (bwd == nullptr) return cudaErrorInvalidValue;
-  if (p.dropout_p > 0.f && (bwd != k.bwd_sm90 || bucket > 128)) {
-    return fail(cudaErrorNotSupported, "dropout_p > 0: the backward has dropout only on the Hopper path at head "
-                                       "dim <= 128 so far");
-  }
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
   if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;

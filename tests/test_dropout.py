@@ -1,6 +1,6 @@
 """Attention dropout (GPU) against a float32 reference built from the mask that flash_attn2/_dropout.py
-regenerates: both forwards, the Hopper backward at head dim <= 128 (the others raise NotImplementedError),
-the public API (S_dmask, torch.manual_seed) and CUDA graph replays."""
+regenerates: both forwards and both backwards, every score modifier with it, varlen, deterministic mode, the
+public API (S_dmask, torch.manual_seed) and CUDA graph replays."""
 
 import pytest
 import torch
@@ -16,15 +16,6 @@ from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, requir
 pytestmark = pytest.mark.gpu
 
 SEED, OFFSET = 0x1234_5678_9ABC, 4 * 1000
-
-
-def hopper():
-    return torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
-
-
-def require_hopper():
-    if not hopper():
-        pytest.skip("the backward has dropout on the Hopper path so far: needs an sm_90 GPU and sm_90a built")
 
 
 def rng_state(seed=SEED, offset=OFFSET):
@@ -79,19 +70,21 @@ def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, mo
     check_out(out, lse, q, k, v, dense_ref(q, k, causal, p))
 
 
+@pytest.mark.parametrize("backend", ["default", "sm80"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 17), (113, 203), (1023, 300), (300, 1023)])
-def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype):
-    """The Hopper backward redraws the forward's mask on S^T: gradients against autograd of the reference
-    built from the regenerated mask."""
-    require_hopper()
+def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monkeypatch):
+    """Both backwards redraw the forward's mask (the Hopper one on S^T at head dim <= 128; the SM80 one by
+    8-key halves, which also serves Hopper above 128): gradients against autograd of the reference built
+    from the regenerated mask."""
     require_kernel(head_dim, dtype)
     p = 0.3
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
     out, lse = forward(q, k, v, causal, p, rng_state())
+    on_backend(backend, monkeypatch)  # the backward's path only
     grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
     _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False, *grads,
                          dropout_p=p, rng_state=rng_state())
@@ -101,9 +94,7 @@ def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype):
 
 
 def test_dropout_with_window_softcap_alibi():
-    """Dropout with every score modifier, forward and backward (the backward's dropout kernel is the
-    extended one)."""
-    require_hopper()
+    """Dropout with every score modifier, forward and backward (the dropout kernels are the extended ones)."""
     require_kernel(128, torch.bfloat16)
     dtype, p = torch.bfloat16, 0.3
     q, k, v = dense_inputs(2, 500, 700, 4, 2, 128, dtype)
@@ -120,7 +111,7 @@ def test_dropout_with_window_softcap_alibi():
 
 def test_dropout_varlen():
     """Varlen draws by (sequence, head) and positions within the sequence: each sequence against a dense
-    reference of its own, output and (Hopper) gradients."""
+    reference of its own, output and gradients."""
     require_kernel(128, torch.bfloat16)
     dtype, p = torch.bfloat16, 0.25
     lens_q, lens_k = [0, 17, 300, 1, 129], [5, 0, 400, 33, 129]
@@ -128,10 +119,8 @@ def test_dropout_varlen():
     max_q, max_k = max(lens_q), max(lens_k)
     out, lse = forward(q, k, v, True, p, rng_state(), cu_q, cu_k, max_q, max_k)
     dout = randn(*q.shape, dtype=dtype)
-    grads = None
-    if hopper():
-        grads = _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, True,
-                                     False, dropout_p=p, rng_state=rng_state())
+    grads = _flash_attn_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, q.shape[-1] ** -0.5, True,
+                                 False, dropout_p=p, rng_state=rng_state())
     starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
     for b, (lq, lk) in enumerate(zip(lens_q, lens_k)):
         if lq == 0:
@@ -143,7 +132,7 @@ def test_dropout_varlen():
                                                 dropout_scale=_dropout.dropout_scale(p))[0]
         ok, err, err_pt = within_tolerance(out[rows].unsqueeze(0), ref(qb, kb, vb, True), ref(qb, kb, vb, False))
         assert ok, f"sequence {b}: out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
-        if grads is not None and lk > 0:
+        if lk > 0:
             refs, refs_pt = reference_grads(ref, (qb, kb, vb), dob)
             ours = (grads[0][rows].unsqueeze(0), grads[1][keys].unsqueeze(0), grads[2][keys].unsqueeze(0))
             check_grads(ours, refs[1:], refs_pt[1:])
@@ -163,29 +152,34 @@ def test_dropout_reproducible():
     kept_all, _ = forward(q, k, v, False, 1 / 1024, rng_state(3, 0))
     ok, err, err_pt = within_tolerance(kept_all, attention_ref(q, k, v)[0], attention_ref(q, k, v, upcast=False)[0])
     assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
-    if hopper():
-        dout = randn(*q.shape, dtype=q.dtype)
-        backward = lambda: _flash_attn_backward(dout, q, k, v, first, lse, None, None, 0, 0, 0.125, False,  # noqa: E731
-                                                True, dropout_p=0.5, rng_state=rng_state(3, 0))
-        assert all(torch.equal(a, b) for a, b in zip(backward(), backward()))
 
-
-def test_backward_refuses_dropout_where_missing(monkeypatch):
-    """The SM80 backward has no dropout yet: NotImplementedError naming it, not a wrong gradient."""
+@pytest.mark.parametrize("backend", ["default", "sm90"])
+def test_deterministic_dropout(backend, monkeypatch):
+    """deterministic=True with dropout: bitwise-equal gradients run to run (the SM80 backward's split
+    accumulators; with FLASH_ATTN2_BACKEND=sm90 the Hopper one's ordered adds), and against the reference."""
     require_kernel(64, torch.bfloat16)
-    q, k, v = dense_inputs(1, 64, 64, 2, 1, 64, torch.bfloat16)
-    out, lse = forward(q, k, v, False, 0.5, rng_state())
-    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
-    with pytest.raises(NotImplementedError, match="dropout_p > 0"):
-        _flash_attn_backward(randn(*q.shape, dtype=q.dtype), q, k, v, out, lse, None, None, 0, 0, 0.125, False, False,
-                             dropout_p=0.5, rng_state=rng_state())
+    if backend == "sm90":
+        if torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("needs an sm_90 GPU")
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm90")
+    p = 0.4
+    q, k, v = dense_inputs(1, 700, 1000, 4, 2, 64, torch.bfloat16)
+    out, lse = forward(q, k, v, True, p, rng_state())
+    dout = randn(*q.shape, dtype=q.dtype)
+    backward = lambda: _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.125, True,  # noqa: E731
+                                            True, dropout_p=p, rng_state=rng_state())
+    first = backward()
+    assert all(torch.equal(a, b) for a, b in zip(first, backward()))
+    ref = dense_ref(q, k, True, p)
+    refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
+    check_grads(first, refs[1:], refs_pt[1:])
 
 
 @pytest.mark.parametrize("varlen", [False, True])
 def test_public_api(varlen):
     """flash_attn_func / flash_attn_varlen_func with dropout_p: S_dmask's signs are the mask the output used,
-    gradients through autograd match the reference built from them (Hopper), torch.manual_seed reproduces
-    a call bitwise and the generator moves on between calls."""
+    gradients through autograd match the reference built from them, torch.manual_seed reproduces a call
+    bitwise and the generator moves on between calls."""
     dtype, p = torch.bfloat16, 0.2
     require_kernel(64, dtype)
     if varlen:
@@ -211,10 +205,6 @@ def test_public_api(varlen):
     assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
     probs = torch.softmax(attention_scores(q.detach().float(), k.detach().float(), True), dim=-1)
     torch.testing.assert_close(s_dmask.abs().float(), probs, atol=1e-2, rtol=0)  # magnitudes: the softmax
-    if not hopper():
-        with pytest.raises(NotImplementedError, match="dropout_p > 0"):
-            out.sum().backward()
-        return
     dout = randn(*out.shape, dtype=dtype)
     out.backward(dout)
     refs, refs_pt = reference_grads(ref, (q, k, v), dout)

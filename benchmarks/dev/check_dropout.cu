@@ -50,6 +50,34 @@ int check_warp(const DropoutRng& rng, int row_block, int block0, int block1) {
   return failures;
 }
 
+// KeepHalfPair: two arbitrary 8-key groups of one 16-row tile per lane pair.
+int check_halves(const DropoutRng& rng, int row_block, int key0, int key1) {
+  uint4 drawn[32];
+  uint32_t sent[32];
+  for (int lane = 0; lane < 32; ++lane) {
+    const KeepHalfPair pair(lane);
+    drawn[lane] = pair.draw(rng, row_block, key0, key1);
+    sent[lane] = pair.send(drawn[lane], key0, key1);
+  }
+  int failures = 0;
+  for (int lane = 0; lane < 32; ++lane) {
+    const KeepHalves k = KeepHalfPair(lane).combine(drawn[lane], sent[lane ^ 4], key0, key1);
+    const int g = lane >> 2, q = lane & 3;
+    for (int j = 0; j < 2; ++j) {
+      for (int h = 0; h < 2; ++h) {
+        for (int e = 0; e < 2; ++e) {
+          const int row = 16 * row_block + g + 8 * h, col = (j == 0 ? key0 : key1) + 2 * q + e;
+          const uint32_t got = (k.words[j] >> (8 * (2 * h + e))) & 0xFF, want = spec_byte(rng, row, col);
+          if (got != want && ++failures <= 5) {
+            std::printf("FAIL halves lane %d group %d half %d col %d: %u != %u\n", lane, j, h, e, got, want);
+          }
+        }
+      }
+    }
+  }
+  return failures;
+}
+
 int main() {
   struct Kat { uint4 c; uint2 k; uint4 want; };
   const Kat kats[] = {
@@ -73,6 +101,14 @@ int main() {
       for (int b1 = b0; b1 < 6; ++b1) {
         failures += check_warp<false>(rng, row_block, b0, b1) + check_warp<true>(rng, row_block, b0, b1);
         warps += 2;
+      }
+    }
+  }
+  for (int row_block = 0; row_block < 4; ++row_block) {
+    for (int key0 = 0; key0 < 96; key0 += 8) {
+      for (int key1 = key0; key1 < 96; key1 += 8) {
+        failures += check_halves(rng, row_block, key0, key1);
+        ++warps;
       }
     }
   }

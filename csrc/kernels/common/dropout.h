@@ -109,6 +109,37 @@ struct KeepPair {
   }
 };
 
+// The same for fragments whose warps hold 8-key halves of the 16-key blocks (the SM80 backward's N-tiled
+// warps): a lane pair's two 8-key groups, any two (their first keys, multiples of 8), of one 16-row tile.
+// The pair draws one unit per group, each lane keeps the 4 bytes of its rows and sends the 4 of its
+// partner's: one call per 8 of a thread's scores. words[j] byte 2 h + e: row half h, the group's column e.
+struct KeepHalves {
+  uint32_t words[2];
+};
+struct KeepHalfPair {
+  uint32_t lane_row, lane_col, parity;
+
+  __host__ __device__ explicit KeepHalfPair(int lane)
+      : lane_row(uint32_t(lane) >> 2), lane_col(uint32_t(lane) & 3), parity((uint32_t(lane) >> 2) & 1) {}
+
+  __host__ __device__ int key(int key0, int key1) const { return parity ? key1 : key0; }
+  __host__ __device__ uint4 draw(const DropoutRng& rng, int row_block, int key0, int key1) const {
+    return rng.unit(row_block, int(lane_row >> 1), key(key0, key1) >> 4, int(lane_col));
+  }
+  // Rows of place p and p + 2 in the unit, the group's half of the keys (bytes 2 half, 2 half + 1).
+  __host__ __device__ static uint32_t half(const uint4& u, uint32_t p, int key) {
+    const uint32_t lo = 2 * ((uint32_t(key) >> 3) & 1);
+    return byte_perm(p == 0 ? u.x : u.y, p == 0 ? u.z : u.w, lo | ((lo + 1) << 4) | ((lo + 4) << 8) | ((lo + 5) << 12));
+  }
+  __host__ __device__ uint32_t send(const uint4& u, int key0, int key1) const {
+    return half(u, 1 - parity, key(key0, key1));
+  }
+  __host__ __device__ KeepHalves combine(const uint4& u, uint32_t received, int key0, int key1) const {
+    const uint32_t own = half(u, parity, key(key0, key1));
+    return {{parity ? received : own, parity ? own : received}};
+  }
+};
+
 #if defined(__CUDACC__)
 // The whole exchange, for every lane of the warp.
 template <bool kTransposed>
@@ -118,6 +149,12 @@ __device__ inline KeepWords draw_keep_words(const DropoutRng& rng, int row_block
   const uint2 out = pair.send(u);
   const uint2 in = make_uint2(__shfl_xor_sync(0xffffffffu, out.x, 4), __shfl_xor_sync(0xffffffffu, out.y, 4));
   return pair.combine(u, in);
+}
+
+__device__ inline KeepHalves draw_keep_halves(const DropoutRng& rng, int row_block, int key0, int key1) {
+  const KeepHalfPair pair(int(threadIdx.x) % 32);
+  const uint4 u = pair.draw(rng, row_block, key0, key1);
+  return pair.combine(u, __shfl_xor_sync(0xffffffffu, pair.send(u, key0, key1), 4), key0, key1);
 }
 #endif
 

@@ -15,6 +15,7 @@
 
 #include "common/alibi.h"
 #include "common/block_range.h"
+#include "common/dropout.h"
 #include "sm80/dq_accum.h"
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
@@ -38,8 +39,9 @@ __host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
 
 // head_splits (registry.h: bwd_head_splits) consecutive blocks share a key block, each with its share of the
 // query-head group; above 1 they add dK and dV into fp32 accumulators instead of storing them.
-// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags.
-template <class Traits, bool kExtended>
+// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags; kDropout adds dropout, in a kernel of
+// its own as on the other paths.
+template <class Traits, bool kExtended, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params,
                                                                    int head_splits) {
   using namespace cute;
@@ -169,6 +171,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   // up the factor 1 - t^2 (softcap_grad).
   const bool softcap = kExtended && p.softcap > 0.f;
   const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
+  static_assert(kExtended || !kDropout);
+  const Dropout dropout_batch(p, bidb, 0);
 
   for (int n_block = split; n_block * kBlockN < seq.len_k; n_block += num_splits) {
     const BwdBlockRange blocks = bwd_block_range<kBlockM, kBlockN>(window, n_block);
@@ -204,6 +208,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         lse_log2[r] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
         dsum[r] = row < seq.len_q ? softmax_d[dh * int64_t(p.total_q) + row] : 0.f;
       }
+      // Dropout's keep bits, one per score, drawn before the GEMMs while few registers are live. The warps
+      // hold 8-key halves of the 16-key blocks (N-tiled), so the draws go by halves.
+      constexpr int kCols = decltype(size<1>(tScS))::value, kGroups = kCols / 2;
+      uint32_t kept_bits[(kRows * kCols + 31) / 32];
+      const Dropout dropout = dropout_batch.with_head(p, bidb, h0 + dh);
+      if constexpr (kDropout) {
+        CUTE_UNROLL
+        for (int i = 0; i < (kRows * kCols + 31) / 32; ++i) kept_bits[i] = 0;
+        CUTE_UNROLL
+        for (int m = 0; m < kRows / 2; ++m) {
+          const int row_block = (row0 + get<0>(tScS(2 * m, 0))) >> 4;
+          auto group_key = [&](int g) { return (n_block * kBlockN + get<1>(tScS(0, 2 * g))) & ~7; };
+          KeepHalves keep;
+          CUTE_UNROLL
+          for (int n = 0; n < kGroups; ++n) {
+            if (n % 2 == 0) {  // a pair of groups per draw; an odd count draws the last group twice
+              keep = draw_keep_halves(dropout.rng, row_block, group_key(n), group_key(n + 1 < kGroups ? n + 1 : n));
+            }
+            CUTE_UNROLL
+            for (int i = 0; i < 4; ++i) {  // byte 2 h + e: row half h, column e
+              const int bit = (2 * m + i / 2) * kCols + 2 * n + i % 2;
+              kept_bits[bit / 32] |= uint32_t(keep_byte(keep.words[n % 2], i, dropout.threshold)) << (bit % 32);
+            }
+          }
+        }
+      }
       cp_async_wait<0>();
       __syncthreads();  // Q, dO[m] have landed; every warp is done with the other stages, P and dS
       Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});   // (MMA, MMA_M, MMA_N)
@@ -224,6 +254,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       Tensor dP = rowcol_view(acc_dp);
       if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
+      // Dropout: dP of the dropped pairs to 0 and of the kept ones times the scale, so that dS = P (Z dP s - D);
+      // P itself after.
+      auto kept = [&](int r, int c) { return (kept_bits[(r * kCols + c) / 32] >> ((r * kCols + c) % 32)) & 1u; };
+      if constexpr (kDropout) {
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) dP(r, c) = kept(r, c) ? dP(r, c) * dropout.scale : 0.f;
+        }
+      }
       // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
       const auto alibi = Alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
       auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
@@ -242,6 +282,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         }
       };
       probs(bool_constant<kExtended>{});
+      if constexpr (kDropout) {  // P for dV: the dropped, scaled one
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          CUTE_UNROLL
+          for (int c = 0; c < kCols; ++c) S(r, c) = kept(r, c) ? S(r, c) * dropout.scale : 0.f;
+        }
+      }
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_s)), tPsP);
       cute::copy(smem_copy_pds, smem_thr_pds.retile_S(convert_fragment<Element>(acc_dp)), tdSsdS);
       // The next block's loads go out only now, so that their shared-memory writes stay out of the S

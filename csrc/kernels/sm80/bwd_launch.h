@@ -10,9 +10,16 @@
 
 namespace flash_attn2 {
 
-template <class Traits>
+// kDropout: the dropout kernel alone (its own tile); else the plain and extended ones.
+template <class Traits, bool kDropout = false>
 cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
-  auto kernel = bwd_extended(params) ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
+  auto kernel = [&] {
+    if constexpr (kDropout) {
+      return &bwd_kernel<Traits, true, true>;
+    } else {
+      return bwd_extended(params) ? &bwd_kernel<Traits, true> : &bwd_kernel<Traits, false>;
+    }
+  }();
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
   int head_splits = 1;
@@ -39,15 +46,19 @@ cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
 // buffer) where that fits (FLASH_ATTN2_COMPACT_TILES builds).
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
-  using Full = BwdTraits<kHeadDim, ElementOf<kDType>, BwdTileFor<kHeadDim>>;
+  using Element = ElementOf<kDType>;
+  using Full = BwdTraits<kHeadDim, Element, BwdTileFor<kHeadDim>>;
+  using Dropout = BwdTraits<kHeadDim, Element, BwdDropoutTileFor<kHeadDim>>;
+  const bool dropout = params.dropout_p > 0.f;
 #if FLASH_ATTN2_COMPACT_TILES
   int limit = 0;
   if (cudaError_t err = tile_smem_limit(&limit)) return err;
-  if (Full::kSmemBytes > limit) {
-    return launch_bwd_tile<BwdTraits<kHeadDim, ElementOf<kDType>, BwdCompactTileFor<kHeadDim>>>(params, stream);
+  if ((dropout ? Dropout::kSmemBytes : Full::kSmemBytes) > limit) {
+    using Compact = BwdTraits<kHeadDim, Element, BwdCompactTileFor<kHeadDim>>;
+    return dropout ? launch_bwd_tile<Compact, true>(params, stream) : launch_bwd_tile<Compact>(params, stream);
   }
 #endif
-  return launch_bwd_tile<Full>(params, stream);
+  return dropout ? launch_bwd_tile<Dropout, true>(params, stream) : launch_bwd_tile<Full>(params, stream);
 }
 
 }  // namespace flash_attn2

@@ -62,6 +62,14 @@ using BwdCompactTileFor = std::conditional_t<(kHeadDim <= 32), BwdTile<kM, 128, 
                           std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 64, 4, 4, kHeadDim % 64 == 0 ? 2 : 4, 1>,
                                              BwdTile<kM, 64, 4, kHeadDim % 64 == 0 ? 2 : 4, kHeadDim % 64 == 0 ? 2 : 4, 1>>>>;
 
+// The dropout kernel's tile: 64 keys (its keep bits and draws do not fit beside a 128-key tile's S and dP: at
+// head dim 64, 2064 B of spills in 128 x 128, none in 128 x 64), the full tile's two stages; the compact
+// tile (one stage) where that does not fit. Above head dim 128 the full tile already has 64 keys.
+template <int kHeadDim, int kM = bwd_block_m(kHeadDim)>
+using BwdDropoutTileFor =
+    std::conditional_t<(kHeadDim <= 64), BwdTile<kM, 64, 4, 4, 4>,
+    std::conditional_t<(kHeadDim <= 128), BwdTile<kM, 64, 4, 4, kHeadDim % 64 == 0 ? 2 : 4>, BwdTileFor<kHeadDim>>>;
+
 // Short tile for seqlen_q <= kShortMaxSeqlenQ, when a head dim has one.
 template <class Tiles, class = void> struct HasShortTile { static constexpr bool value = false; };
 template <class Tiles> struct HasShortTile<Tiles, decltype(void(Tiles::kShortMaxSeqlenQ))> {
