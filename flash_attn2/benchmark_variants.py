@@ -1,13 +1,14 @@
-"""What softcap and ALiBi cost against plain attention, per path.
+"""What softcap, ALiBi and dropout cost against plain attention, per path, beside SDPA's dropout.
 
     python -m flash_attn2.benchmark_variants [--hdims 64 128 256] [--seqlens 4096 16384] [--passes fwd bwd]
-                                             [--backends flash_attn2 flash_attn2_sm80]
+                                             [--backends flash_attn2 flash_attn2_sm80 sdpa_flash sdpa_cudnn]
 
 bf16, the FA2 grid's shapes (16k tokens per batch, 2048 / hdim heads), causal and not. At each point
-flash_attn2 is timed plain, with softcap=50 (Gemma 2's), with ALiBi (MPT's slopes 2^(-8 (i + 1) / h)) and
-with both, in rounds with the order rotated; flash_attn2_sm80 runs forward and backward on the SM80 path
-(skipped where this build or GPU lacks it). Prints each variant's time over plain's on the same path and
-appends to <out_dir>/<gpu>_variants.csv.
+flash_attn2 is timed plain, with softcap=50 (Gemma 2's), with ALiBi (MPT's slopes 2^(-8 (i + 1) / h)), with
+both, and with dropout_p=0.1, in rounds with the order rotated; flash_attn2_sm80 runs forward and backward on
+the SM80 path (skipped where this build or GPU lacks it); SDPA's flash and cuDNN backends run plain and with
+dropout (skipped where they cannot). Prints each variant's time over plain's on the same path and appends to
+<out_dir>/<gpu>_variants.csv.
 """
 
 from __future__ import annotations
@@ -15,28 +16,42 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, HIDDEN, TOKENS, add_run_args, append_csv, forward_backend, pass_fn,
-                        time_interleaved, warm_up_gpu)
+from .benchmark import (FLASH_ATTN2_BACKENDS, HIDDEN, SDPA_BACKENDS, TOKENS, add_run_args, append_csv,
+                        forward_backend, pass_fn, time_interleaved, warm_up_gpu)
 from .flash_attn_interface import flash_attn_func
 
 COLUMNS = ("gpu", "impl", "variant", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms")
 SOFTCAP = 50.0
+DROPOUT = 0.1
+BACKENDS = (*FLASH_ATTN2_BACKENDS, "sdpa_flash", "sdpa_cudnn")
 
 
-def variant_kwargs(nheads):
+def variant_kwargs(nheads, impl):
+    if impl in SDPA_BACKENDS:  # what SDPA has of them
+        return {"plain": {}, "dropout": {"dropout_p": DROPOUT}}
     slopes = torch.tensor([2 ** (-8 * (i + 1) / nheads) for i in range(nheads)], device="cuda")
     return {"plain": {}, "softcap": {"softcap": SOFTCAP}, "alibi": {"alibi_slopes": slopes},
-            "softcap_alibi": {"softcap": SOFTCAP, "alibi_slopes": slopes}}
+            "softcap_alibi": {"softcap": SOFTCAP, "alibi_slopes": slopes}, "dropout": {"dropout_p": DROPOUT}}
 
 
-def make_run(backend, q, k, v, dout, causal, kwargs, pass_):
-    """One timed run of pass_ on `backend`'s path; the backward too (the variable is read per call)."""
-    with forward_backend(backend):  # a bwd run's forward happens here
-        run = pass_fn(lambda: flash_attn_func(q, k, v, causal=causal, **kwargs), pass_, (q, k, v), dout)
+def make_run(impl, q, k, v, dout, causal, kwargs, pass_):
+    """One timed run of pass_ on impl's path; the backward too (flash_attn2's path is read per call, SDPA's
+    backend chosen per call)."""
+    if impl in SDPA_BACKENDS:
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) view of the same memory
+        context = lambda: sdpa_kernel(SDPA_BACKENDS[impl])  # noqa: E731
+        fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **kwargs).transpose(1, 2)  # noqa: E731
+    else:
+        context = lambda: forward_backend(FLASH_ATTN2_BACKENDS[impl])  # noqa: E731
+        fn = lambda: flash_attn_func(q, k, v, causal=causal, **kwargs)  # noqa: E731
+    with context():  # a bwd run's forward happens here
+        run = pass_fn(fn, pass_, (q, k, v), dout)
 
     def on_backend():
-        with forward_backend(backend):
+        with context():
             run()
     return on_backend
 
@@ -47,7 +62,7 @@ def main(argv=None):
     p.add_argument("--seqlens", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--causal", nargs="+", default=["false", "true"], choices=["false", "true"])
     p.add_argument("--passes", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
-    p.add_argument("--backends", nargs="+", default=list(FLASH_ATTN2_BACKENDS), choices=list(FLASH_ATTN2_BACKENDS))
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     add_run_args(p, reps=10)
     args = p.parse_args(argv)
     gpu = torch.cuda.get_device_name()
@@ -62,9 +77,9 @@ def main(argv=None):
                 for impl in args.backends:
                     for pass_ in args.passes:
                         runs = {}
-                        for name, kwargs in variant_kwargs(nheads).items():
+                        for name, kwargs in variant_kwargs(nheads, impl).items():
                             try:
-                                runs[name] = make_run(FLASH_ATTN2_BACKENDS[impl], q, k, v, dout, causal, kwargs, pass_)
+                                runs[name] = make_run(impl, q, k, v, dout, causal, kwargs, pass_)
                                 runs[name]()
                             except (RuntimeError, NotImplementedError) as e:  # a path this build or GPU lacks
                                 runs.pop(name, None)
