@@ -103,9 +103,16 @@ def s_dmask(q, k, rng_state, p, causal, softmax_scale, window, softcap, alibi_sl
     seqlen_q, seqlen_k) in q's dtype, negated where dropout dropped them; varlen pads each sequence to
     (max_seqlen_q, max_seqlen_k) with zeros. Recomputed here in O(seqlen^2) memory from the seed and offset
     the forward drew with (a device-to-host read): for tests and inspection, as in flash-attn."""
+    seed, offset = (int(x) & 0xFFFFFFFFFFFFFFFF for x in rng_state.tolist())
+    with torch.no_grad():  # a returned tensor, not part of the graph
+        return _s_dmask(q, k, seed, offset, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q,
+                        cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+def _s_dmask(q, k, seed, offset, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+             max_seqlen_q, max_seqlen_k):
     from .testing import attention_scores  # the reference's scores: one definition of the score modifiers
 
-    seed, offset = (int(x) & 0xFFFFFFFFFFFFFFFF for x in rng_state.tolist())
     threshold = dropout_threshold(p)
 
     def one(qb, kb, b, slopes):

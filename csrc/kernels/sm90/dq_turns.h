@@ -46,7 +46,8 @@ struct DQTurns {
     int seen;
     do {
       asm volatile("ld.global.acquire.gpu.b32 %0, [%1];" : "=r"(seen) : "l"(c) : "memory");
-    } while (seen != turn);
+    } while (seen - turn < 0);  // >=, not ==: sequences that overlap (bad cu_seqlens) share counters, and a
+                                 // counter past this block's turn must not hang it (their rows are undefined)
     asm volatile("fence.proxy.async.global;" ::: "memory");  // the adds (async proxy) after the acquire
   }
 
