@@ -7,12 +7,10 @@ accumulators).
     python benchmarks/deterministic_cost.py
 """
 
-import os
-
 import torch
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HEAD_DIMS, HIDDEN, TOKENS, median_ms, pass_fn
+from flash_attn2.benchmark import HEAD_DIMS, HIDDEN, TOKENS, forward_backend, median_ms, pass_fn
 
 
 def shapes():
@@ -37,13 +35,9 @@ def main():
                                      dtype=torch.bfloat16, requires_grad=i < 3) for i in range(4))
         ms = {}
         for name, deterministic, backend in modes:
-            if backend is None:
-                os.environ.pop("FLASH_ATTN2_BACKEND", None)
-            else:
-                os.environ["FLASH_ATTN2_BACKEND"] = backend
-            fn = lambda: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)  # noqa: E731
-            ms[name] = median_ms(pass_fn(fn, "bwd", (q, k, v), dout), reps=20)
-        os.environ.pop("FLASH_ATTN2_BACKEND", None)
+            with forward_backend(backend):  # read by the backward too; the caller's setting comes back after
+                fn = lambda: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)  # noqa: E731
+                ms[name] = median_ms(pass_fn(fn, "bwd", (q, k, v), dout), reps=20)
         times = ", ".join(f"{name} {t:.3f} ms (x{t / ms['default']:.2f})" for name, t in ms.items())
         print(f"b={batch} s={seqlen} h={heads}:{heads_k} d={hdim} causal={causal}: {times}")
 

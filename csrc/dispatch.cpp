@@ -236,7 +236,6 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
   if (fwd == nullptr) return err;
-
   if ((err = fwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }

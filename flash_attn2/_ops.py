@@ -26,6 +26,11 @@ def _empty_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
+def lse_shape(q: torch.Tensor, varlen: bool) -> tuple:
+    """softmax_lse's shape: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q)."""
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
 def _grad_like(t: torch.Tensor) -> torch.Tensor:
     """csrc/flash_api.cpp's grad_like."""
     if t.shape[-1] % 8 == 0 and t.stride(-1) == 1 and is_non_overlapping_and_dense_or_false(t):
@@ -38,11 +43,9 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
               window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0):
     check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
     check_alibi_slopes(alibi_slopes, q, cu_seqlens_q)
-    # softmax_lse: (nheads, total_q) for varlen, else (batch, nheads, seqlen_q); rng_state: (seed, offset) with
-    # dropout, else empty.
-    lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
+    # rng_state: (seed, offset) with dropout, else empty.
     rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
-    return _empty_like(q), q.new_empty(lse_shape, dtype=torch.float32), rng_state
+    return _empty_like(q), q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32), rng_state
 
 
 @torch.library.register_fake("flash_attn2::bwd")

@@ -24,11 +24,16 @@ CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 # Checks of the other arguments: each error names the argument and what was expected.
 
 
-def _dropout_p(dropout_p) -> float:
+def _as_float(x) -> float:
+    """x as a float, or NaN where it is none (which every range check below then refuses)."""
     try:
-        value = float(dropout_p)
+        return float(x)
     except (TypeError, ValueError):
-        value = math.nan
+        return math.nan
+
+
+def _dropout_p(dropout_p) -> float:
+    value = _as_float(dropout_p)
     if not 0.0 <= value < 1.0:
         raise ValueError(f"flash_attn2: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     return value
@@ -74,10 +79,7 @@ def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
 
 
 def _softcap(softcap) -> float:
-    try:
-        value = float(softcap)
-    except (TypeError, ValueError):
-        value = math.nan
+    value = _as_float(softcap)
     if not math.isfinite(value) or value < 0.0:
         raise ValueError(f"flash_attn2: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
     return value
@@ -113,8 +115,7 @@ def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
                         softcap, alibi_slopes, False)[:2]
     if out is None:
         out = torch.empty_like(q)
-        lse_shape = (q.shape[1], q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], q.shape[2], q.shape[1])
-        softmax_lse = q.new_empty(lse_shape, dtype=torch.float32)
+        softmax_lse = q.new_empty(_ops.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
     _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                      causal, *window, softcap, alibi_slopes, dropout_p, rng_state, False)
     return out, softmax_lse

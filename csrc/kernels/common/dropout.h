@@ -64,17 +64,23 @@ struct DropoutRng {
   }
 };
 
+// A lane's place in its MMA fragment: rows g and g + 8, columns 2 q, 2 q + 1 of each 8-column group, and which
+// of a lane pair (lane, lane ^ 4) it is.
+struct FragmentLane {
+  uint32_t lane_row, lane_col, parity;  // g, q, g & 1
+
+  __host__ __device__ explicit FragmentLane(int lane)
+      : lane_row(uint32_t(lane) >> 2), lane_col(uint32_t(lane) & 3), parity((uint32_t(lane) >> 2) & 1) {}
+};
+
 // A lane pair's two blocks, as halves: draw() is this lane's unit, send() what its partner (lane ^ 4) needs
 // of it, combine() its KeepWords from its own unit and what the partner sent. kTransposed: the fragment's
 // rows are keys (the backward's S^T), so the blocks are query blocks a0, a1 of key block b; else rows are
 // queries and the blocks key blocks b0, b1 of query block a. The two blocks may be one (an odd count of
 // blocks in a tile): then no swap is needed, but the same code serves.
 template <bool kTransposed>
-struct KeepPair {
-  uint32_t lane_row, lane_col, parity;  // g, q, g & 1
-
-  __host__ __device__ explicit KeepPair(int lane)
-      : lane_row(uint32_t(lane) >> 2), lane_col(uint32_t(lane) & 3), parity((uint32_t(lane) >> 2) & 1) {}
+struct KeepPair : FragmentLane {
+  using FragmentLane::FragmentLane;
 
   // Forward: the row block and the two column blocks; transposed: the key block (rows) and two query blocks.
   __host__ __device__ uint4 draw(const DropoutRng& rng, int row_block, int col_block0, int col_block1) const {
@@ -116,11 +122,8 @@ struct KeepPair {
 struct KeepHalves {
   uint32_t words[2];
 };
-struct KeepHalfPair {
-  uint32_t lane_row, lane_col, parity;
-
-  __host__ __device__ explicit KeepHalfPair(int lane)
-      : lane_row(uint32_t(lane) >> 2), lane_col(uint32_t(lane) & 3), parity((uint32_t(lane) >> 2) & 1) {}
+struct KeepHalfPair : FragmentLane {
+  using FragmentLane::FragmentLane;
 
   __host__ __device__ int key(int key0, int key1) const { return parity ? key1 : key0; }
   __host__ __device__ uint4 draw(const DropoutRng& rng, int row_block, int key0, int key1) const {
@@ -170,10 +173,17 @@ struct Dropout {
   uint32_t threshold;  // 0..256
   float scale;         // 256 / threshold, 0 when nothing is kept
 
+  // Seed and offset: each the value in the params plus, where set, what its pointer holds.
+  __device__ static uint64_t seed(const FwdParams& p) {
+    return p.philox_seed + (p.philox_seed_ptr != nullptr ? *p.philox_seed_ptr : 0);
+  }
+  __device__ static uint64_t offset(const FwdParams& p) {
+    return p.philox_offset + (p.philox_offset_ptr != nullptr ? *p.philox_offset_ptr : 0);
+  }
+
   __device__ Dropout(const FwdParams& p, int bidb, int bidh) {
-    const uint64_t seed = p.philox_seed + (p.philox_seed_ptr != nullptr ? *p.philox_seed_ptr : 0);
-    const uint64_t offset = p.philox_offset + (p.philox_offset_ptr != nullptr ? *p.philox_offset_ptr : 0);
-    rng = {make_uint2(uint32_t(seed), uint32_t(seed >> 32)), uint32_t(offset >> 2),
+    const uint64_t s = seed(p);
+    rng = {make_uint2(uint32_t(s), uint32_t(s >> 32)), uint32_t(offset(p) >> 2),
            uint32_t(bidb) * uint32_t(p.num_heads) + uint32_t(bidh)};
     threshold = uint32_t(__float2int_rn((1.f - p.dropout_p) * 256.f));
     scale = threshold > 0 ? 256.f / float(threshold) : 0.f;
@@ -182,8 +192,8 @@ struct Dropout {
   // The forward's record of what it drew with, for the backward (one thread of the grid calls it).
   __device__ static void record(const FwdParams& p) {
     if (p.rng_state == nullptr) return;
-    p.rng_state[0] = p.philox_seed + (p.philox_seed_ptr != nullptr ? *p.philox_seed_ptr : 0);
-    p.rng_state[1] = p.philox_offset + (p.philox_offset_ptr != nullptr ? *p.philox_offset_ptr : 0);
+    p.rng_state[0] = seed(p);
+    p.rng_state[1] = offset(p);
   }
 
   // Another head of the same batch entry (the Hopper backward's steps walk a group's heads).

@@ -63,7 +63,6 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
   const float scale_log2 = scores.scale_log2;
   static_assert(kExtended || !kDropout);
-  constexpr bool dropped = kDropout;
   const Dropout dropout_batch(p, work.bidb, 0);
   constexpr int kQueryBlocks = kCols / 4;  // 16-query blocks of a step in a thread's columns
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
@@ -145,17 +144,17 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
         }
       };
       if constexpr (decltype(extended)::value) {
+        // Dropout: the forward's keep bits, drawn for S^T (rows keys, columns queries: the same draws) while
+        // the GEMMs run, held as one bit per score.
+        static_assert(decltype(size<0>(St))::value == 2, "one 16-key tile per warp");
+        const Dropout dropout = dropout_batch.with_head(p, work.bidb, work.head(step));
+        uint32_t drop_bits[(kQueryBlocks + 3) / 4];
+        if constexpr (kDropout) {
+          dropout.draw_bits</*kTransposed=*/true, kQueryBlocks>(drop_bits, (key0 + get<0>(tScS(0, 0))) >> 4, row0 >> 4);
+        }
         // Softcap's derivative 1 - t^2 wants t = tanh(S scale / softcap) beside dP: both GEMMs first, then
         // one pass, so that t neither waits in a register for dP nor is recomputed from P with a log (a third
         // MUFU op per score, and registers the extended kernels do not have).
-        // Dropout: the forward's keep bits, drawn for S^T (rows keys, columns queries: the same draws).
-        static_assert(decltype(size<0>(St))::value == 2, "one 16-key tile per warp");
-        // Drawn while the GEMMs run, held as one bit per score.
-        const Dropout dropout = dropout_batch.with_head(p, work.bidb, work.head(step));
-        uint32_t drop_bits[(kQueryBlocks + 3) / 4];
-        if constexpr (dropped) {
-          dropout.draw_bits</*kTransposed=*/true, kQueryBlocks>(drop_bits, (key0 + get<0>(tScS(0, 0))) >> 4, row0 >> 4);
-        }
         warpgroup_wait<0>();
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
@@ -164,7 +163,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
           CUTE_UNROLL
           for (int r = 0; r < size<0>(St); ++r) {
             const float zscale =
-                !dropped ? 1.f : Dropout::kept_bit<kQueryBlocks>(drop_bits, c / 4, r, c % 4) ? dropout.scale : 0.f;
+                !kDropout ? 1.f : Dropout::kept_bit<kQueryBlocks>(drop_bits, c / 4, r, c % 4) ? dropout.scale : 0.f;
             scores.p_and_ds(St(r, c), dPt(r, c), bias(r, c), lse_log2, dsum, keep(r, c), zscale);
           }
         }
