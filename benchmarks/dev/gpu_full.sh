@@ -9,6 +9,7 @@
 # did not fit one call (PYTEST_S, default 330, bounds pytest). SANITIZE=0/1 turns the sanitizers off in the test
 # stage / on in retest (SANITIZE_S, default 90, bounds each of the four runs). AB_WHEELS="wheel ..." with
 # CASES: STAGE=test times the new wheel against those (ab_wheels.sh) between the build and the tests.
+# FIRST_TESTS: see first_tests below.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -22,8 +23,17 @@ sanitize() {
     PYTHONPATH= timeout ${SANITIZE_S:-90} compute-sanitizer --tool $tool python3 benchmarks/dev/$script.py 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | head -2 | tee -a $OUT/summary.txt
   done; done
 }
+# FIRST_TESTS (pytest node ids or -k ...): run before the suite under their own timeout (FIRST_S, default 60), so a
+# hang-prone test (the deterministic turn waits) cannot take the suite's time with it.
+first_tests() {
+  [ -z "${FIRST_TESTS:-}" ] && return
+  timeout ${FIRST_S:-60} python3 -m pytest $FIRST_TESTS -v -p no:cacheprovider > $OUT/pytest_first.log 2>&1
+  echo "first tests rc=$? (124: timed out)" | tee -a $OUT/summary.txt
+  grep -E "^(FAILED|ERROR)" $OUT/pytest_first.log | head; tail -1 $OUT/pytest_first.log | tee -a $OUT/summary.txt
+}
 if [ "$STAGE" = retest ]; then
   python3 -m pip install -q --no-deps .whl/flash_attn2-*.whl
+  first_tests
   timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
   [ "${SANITIZE:-0}" = 1 ] && sanitize
@@ -43,6 +53,7 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   if [ -n "${AB_WHEELS:-}" ]; then  # the new wheel timed against carried ones (last letter) before the tests
     WHEELS="$AB_WHEELS $(ls $OUT/wheel/flash_attn2-*.whl)" timeout ${AB_S:-200} bash benchmarks/dev/ab_wheels.sh 2>&1 | tee $OUT/ab.log
   fi
+  first_tests
   timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
   [ "${SANITIZE:-1}" = 1 ] && sanitize
