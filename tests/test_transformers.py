@@ -365,8 +365,11 @@ def test_attention_dropout_while_training():
 
     model.train()
     (loss_a, grad_a), (loss_b, grad_b), (loss_c, grad_c) = step(1), step(1), step(2)
-    assert torch.isfinite(loss_a) and torch.equal(loss_a, loss_b) and torch.equal(grad_a, grad_b)
-    assert not torch.equal(loss_a, loss_c) and not torch.equal(grad_a, grad_c)
+    # The forward is deterministic; the default backward's dQ atomics are not, so same-seed gradients agree
+    # to rounding and another seed's differ by far more.
+    rel = lambda a, b: ((a.float() - b.float()).norm() / a.float().norm()).item()  # noqa: E731
+    assert torch.isfinite(loss_a) and torch.equal(loss_a, loss_b) and rel(grad_a, grad_b) < 1e-2
+    assert not torch.equal(loss_a, loss_c) and rel(grad_a, grad_c) > 5e-2, (rel(grad_a, grad_b), rel(grad_a, grad_c))
     with torch.no_grad():
         plain_loss = plain.train()(input_ids=ids, labels=ids).loss
         assert not torch.equal(loss_a, plain_loss)  # dropout did act while training
