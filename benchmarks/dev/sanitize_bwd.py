@@ -1,23 +1,35 @@
-# A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi; GQA 8:2, whose few key blocks split the
-# query heads over 4 blocks on the Hopper path) for compute-sanitizer.
+# A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi, dropout; GQA 8:2, whose few key
+# blocks split the query heads over 4 blocks on the Hopper path) for compute-sanitizer; deterministic mode on the
+# default path and on the Hopper one (FLASH_ATTN2_BACKEND=sm90, its dQ turn counters).
 import torch
 from flash_attn2 import flash_attn_func, flash_attn_varlen_func
-for d in (32, 64, 96, 128, 160, 192, 224, 256):
+from flash_attn2.benchmark import forward_backend
+hopper = torch.cuda.get_device_capability() == (9, 0)
+for d in (64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 one's dropout tiles
     try:  # head dims this build lacks
         flash_attn_func(*(torch.randn(1, 1, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)))
     except NotImplementedError:
         continue
-    for causal, window, softcap, alibi in ((False, (-1, -1), 0.0, False), (True, (-1, -1), 0.0, False),
-                                           (False, (40, 7), 0.0, False), (True, (90, 0), 0.0, False),
-                                           (False, (-1, -1), 30.0, False), (True, (-1, -1), 0.0, True),
-                                           (False, (40, 7), 30.0, True)):
+    for causal, window, softcap, alibi, p, det in (
+            (False, (-1, -1), 0.0, False, 0.0, False), (True, (-1, -1), 0.0, False, 0.0, False),
+            (False, (40, 7), 0.0, False, 0.0, False), (True, (90, 0), 0.0, False, 0.0, False),
+            (False, (-1, -1), 30.0, False, 0.0, False), (True, (-1, -1), 0.0, True, 0.0, False),
+            (False, (40, 7), 30.0, True, 0.0, False), (True, (-1, -1), 0.0, False, 0.2, False),
+            (False, (40, 7), 30.0, True, 0.3, False), (True, (-1, -1), 0.0, False, 0.0, True),
+            (False, (40, 7), 0.0, False, 0.0, True)):
         def extra(heads):
-            return dict(softcap=softcap, alibi_slopes=torch.rand(heads, device="cuda") if alibi else None)
-        q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-        flash_attn_func(q, k, v, causal=causal, window_size=window, **extra(8)).sum().backward()
-        cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
-        qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra(4)).sum().backward()
+            return dict(softcap=softcap, dropout_p=p, deterministic=det,
+                        alibi_slopes=torch.rand(heads, device="cuda") if alibi else None)
+        for backend in ((None, "sm90") if det and hopper else (None,)):
+            with forward_backend(backend):
+                q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                        for _ in range(2))
+                flash_attn_func(q, k, v, causal=causal, window_size=window, **extra(8)).sum().backward()
+                cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
+                qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                              for _ in range(3))
+                flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window,
+                                       **extra(4)).sum().backward()
 torch.cuda.synchronize()
 print("small: ok")
