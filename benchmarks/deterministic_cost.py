@@ -1,8 +1,8 @@
 """The deterministic backward's cost: its time over the default's, bf16, on the benchmark grid's shapes
 (batch * seqlen = 16k tokens, hidden 2048), a few-heads case where the SM80 splits cannot fill the GPU, and
-two GQA model shapes at 8k. On an sm_90 GPU also deterministic mode on the Hopper backward
-(FLASH_ATTN2_BACKEND=sm90, ordered dQ adds), beside the default path's (the SM80 backward's split dQ
-accumulators).
+two GQA model shapes at 8k. Deterministic mode on the default path (on an sm_90 GPU the Hopper backward's
+key-block-ordered dQ adds) and, on an sm_90 GPU, on the SM80 backward too (FLASH_ATTN2_BACKEND=sm80, its split
+dQ accumulators).
 
     python benchmarks/deterministic_cost.py
 """
@@ -29,7 +29,7 @@ def main():
     hopper = torch.cuda.get_device_capability() == (9, 0)
     modes = [("default", False, None), ("deterministic", True, None)]
     if hopper:
-        modes.append(("deterministic sm90", True, "sm90"))
+        modes.append(("deterministic sm80", True, "sm80"))
     for batch, seqlen, heads, heads_k, hdim, causal in shapes():
         q, k, v, dout = (torch.randn(batch, seqlen, heads if i in (0, 3) else heads_k, hdim, device="cuda",
                                      dtype=torch.bfloat16, requires_grad=i < 3) for i in range(4))

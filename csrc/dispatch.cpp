@@ -141,15 +141,15 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
 // The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
 // FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the SM80 backward writes
 // the zero dK / dV), a dout whose strides TMA cannot take (zero, e.g. expanded over heads), dropout above
-// head dim 128 (the wide Hopper kernels have none), and deterministic mode unless FLASH_ATTN2_BACKEND=sm90
-// (its ordered dQ adds have not yet been measured against the SM80 backward's split accumulators); else the
-// SM80 one, built for every head dim. nullptr for a bad FLASH_ATTN2_BACKEND.
+// head dim 128 (the wide Hopper kernels have none); else the SM80 one, built for every head dim. Deterministic
+// mode stays on Hopper: its key-block-ordered dQ adds cost 1.06-1.6x the default there, the SM80 backward's
+// split accumulators 1.4-7x (TUNING step 54). nullptr for a bad FLASH_ATTN2_BACKEND.
 BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, int bucket) {
   std::string backend;
   if (!requested_backend(&backend)) return nullptr;
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
-  const bool sm90 = k.bwd_sm90 != nullptr && (p.num_splits == 0 || backend == "sm90") && backend != "sm80" &&
+  const bool sm90 = k.bwd_sm90 != nullptr && backend != "sm80" &&
                     (p.dropout_p == 0.f || bwd_sm90_kernel_dim(bucket) <= 128) && tma_strides && p.total_q > 0 &&
                     device_is_sm90();
   return sm90 ? k.bwd_sm90 : k.bwd;
@@ -252,7 +252,10 @@ int64_t bwd_softmax_d_elems(const BwdParams& p) { return 2 * bwd_lse_log2_offset
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
-  const int64_t sm80 = int64_t(std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
+  // Deterministic mode's split accumulators only where the SM80 backward will run them.
+  const bool on_sm90 = bucket > 0 && kernels(bucket, p.dtype).bwd_sm90 != nullptr &&
+                       pick_bwd(kernels(bucket, p.dtype), p, bucket) == kernels(bucket, p.dtype).bwd_sm90;
+  const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
   // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
   const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
   int64_t sm90 = bwd_dq_turns_offset(p, width);

@@ -177,11 +177,15 @@ def test_double_backward_raises():
         dq.sum().backward()
 
 
+@pytest.mark.parametrize("backend", ["default", "sm80"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4])
-def test_deterministic_bitwise(group, causal):
-    """deterministic=True: 20 runs give bitwise-equal gradients. Few heads, so the key blocks split."""
+def test_deterministic_bitwise(group, causal, backend, monkeypatch):
+    """deterministic=True: 20 runs give bitwise-equal gradients. Few heads, so the SM80 backward's key blocks
+    split (on Hopper the default is the Hopper backward's ordered adds; sm80 forces the split accumulators)."""
     require_kernel(128, torch.bfloat16)
+    if backend == "sm80":
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     q = randn(1, 1000, 4, 128, dtype=torch.bfloat16).requires_grad_()
     k, v = (randn(1, 1000, 4 // group, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
     dout = randn(1, 1000, 4, 128, dtype=torch.bfloat16)
@@ -198,9 +202,9 @@ def test_deterministic_bitwise(group, causal):
 
 @pytest.mark.parametrize("head_dim", [64, 128, 160, 256])
 @pytest.mark.parametrize("case", ["causal", "gqa", "window", "softcap", "varlen"])
-def test_deterministic_sm90(case, head_dim, monkeypatch):
-    """FLASH_ATTN2_BACKEND=sm90 takes deterministic mode to the Hopper backward, whose key blocks add their
-    dQ shares in key-block order (dq_turns.h): the profiler shows its kernel, four runs give bitwise-equal
+def test_deterministic_sm90(case, head_dim):
+    """On Hopper deterministic mode runs the Hopper backward, whose key blocks add their dQ shares in
+    key-block order (dq_turns.h): the profiler shows its kernel, four runs give bitwise-equal
     gradients, and they match the reference. Head dims 64 / 128 / 160 / 256 cover its four step shapes
     (128 and 64 query rows, 3 and 2 wide warpgroups); the cases its masks, windows, extended kernel and
     varlen query slots. A wrong turn would hang: run under a timeout."""
@@ -208,7 +212,6 @@ def test_deterministic_sm90(case, head_dim, monkeypatch):
     require_kernel(head_dim, dtype)
     if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
         pytest.skip("needs an sm_90 GPU and the Hopper backward")
-    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm90")
     causal, mods, cu_q = case != "gqa", {}, None
     if case == "varlen":
         lens_q, lens_k = [0, 17, 700, 1, 300], [5, 0, 1000, 33, 300]
@@ -233,10 +236,11 @@ def test_deterministic_sm90(case, head_dim, monkeypatch):
     check_grads(runs[0], ref[1:], ref_pt[1:])
 
 
-def test_torch_deterministic_flag_is_honoured():
-    """torch.use_deterministic_algorithms(True) turns on the deterministic backward, seen in its memory: with
-    two heads the key blocks split 16 ways, each split with its own dq accumulator."""
+def test_torch_deterministic_flag_is_honoured(monkeypatch):
+    """torch.use_deterministic_algorithms(True) turns on the deterministic backward, seen in the SM80 one's
+    memory: with two heads the key blocks split 16 ways, each split with its own dq accumulator."""
     require_kernel(64, torch.bfloat16)
+    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     q, k, v = (randn(1, 4096, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
     accumulator = q.numel() * 4  # one fp32 dq accumulator
 

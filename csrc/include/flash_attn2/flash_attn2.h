@@ -117,7 +117,7 @@ struct BwdParams : FwdParams {
   float* dq_accum;
   // 0: key blocks add dq with unordered atomics (fastest). > 0 (deterministic): on the SM80 backward key
   // blocks are dealt round-robin to num_splits blocks per head, each with its own dq accumulator, summed in
-  // a fixed order; the Hopper backward (FLASH_ATTN2_BACKEND=sm90) adds in key-block order instead.
+  // a fixed order; the Hopper backward adds in key-block order instead.
   int num_splits;
 };
 
