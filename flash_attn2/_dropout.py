@@ -7,12 +7,14 @@ is the pattern in which an MMA accumulator fragment (mma.sync and wgmma alike) h
 half a unit and the lane 4 away the other half, in S as in the backward's S^T, so every kernel draws the
 same bits with one call per 16 of its scores.
 
-    counter = (4 b + k, 4 a + i, batch * heads + head, offset / 4 mod 2^32),  key = (seed mod 2^32, seed >> 32)
+    counter = (4 b + k, 4 a + i, batch * heads + head, offset / 4 mod 2^32)
+    key = (seed mod 2^32 xor 0x706F7244, seed >> 32 xor 0x5F324146)
     word 2 (r >> 3 & 1) + (r & 1) of the output, byte 2 (c >> 3 & 1) + (c & 1) of that word (little-endian)
 
 for query row r and key c (positions within their sequence); the score is kept iff its byte < threshold,
 threshold = round((1 - p) * 256) in float32 (flash-attn's 8-bit resolution), and kept probabilities are scaled by
-256 / threshold so that the expectation is exact.
+256 / threshold so that the expectation is exact. The key's tag keeps these streams apart from PyTorch's own
+Philox users, which key with the bare seed and keep offsets in counter words 0-1.
 """
 
 import torch
@@ -20,6 +22,7 @@ import torch
 _M0, _M1 = 0xD2511F53, 0xCD9E8D57
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _MASK32 = 0xFFFFFFFF
+_KEY_TAG = (0x706F7244, 0x5F324146)  # dropout.h's dropout_key
 
 
 def dropout_threshold(p: float) -> int:
@@ -68,7 +71,8 @@ def keep_bytes(seed: int, offset: int, bh: torch.Tensor, rows: torch.Tensor, col
     a, i = rows >> 4, (rows & 7) >> 1
     b, k = cols >> 4, (cols & 7) >> 1
     counter = (4 * b + k, 4 * a + i, bh, torch.tensor((offset >> 2) & _MASK32))
-    words = philox4x32_10(counter, (torch.tensor(seed & _MASK32), torch.tensor((seed >> 32) & _MASK32)))
+    words = philox4x32_10(counter, (torch.tensor((seed & _MASK32) ^ _KEY_TAG[0]),
+                                    torch.tensor(((seed >> 32) & _MASK32) ^ _KEY_TAG[1])))
     word = 2 * ((rows >> 3) & 1) + (rows & 1)
     byte = 2 * ((cols >> 3) & 1) + (cols & 1)
     stacked = torch.stack(torch.broadcast_tensors(*words), dim=0)
@@ -100,9 +104,10 @@ def _keep(seed, offset, p, bh, seqlen_q, seqlen_k, device):
 def s_dmask(q, k, rng_state, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q=None,
             cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
     """flash-attn's S_dmask (return_attn_probs=True with dropout): the softmax probabilities (batch, nheads,
-    seqlen_q, seqlen_k) in q's dtype, negated where dropout dropped them; varlen pads each sequence to
-    (max_seqlen_q, max_seqlen_k) with zeros. Recomputed here in O(seqlen^2) memory from the seed and offset
-    the forward drew with (a device-to-host read): for tests and inspection, as in flash-attn."""
+    seqlen_q, seqlen_k) in q's dtype, negated where dropout dropped them; varlen pads each sequence with zeros
+    to (max_seqlen_q, max_seqlen_k), or to the longest sequence where that is longer than its hint. Recomputed
+    here in O(seqlen^2) memory from the seed and offset the forward drew with (a device-to-host read): for
+    tests and inspection, as in flash-attn."""
     seed, offset = (int(x) & 0xFFFFFFFFFFFFFFFF for x in rng_state.tolist())
     with torch.no_grad():  # a returned tensor, not part of the graph
         return _s_dmask(q, k, seed, offset, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q,
@@ -126,7 +131,10 @@ def _s_dmask(q, k, seed, offset, p, causal, softmax_scale, window, softcap, alib
                                 and alibi_slopes.dim() == 2 else alibi_slopes) for b in range(q.shape[0])])
     starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     batch = len(starts_q) - 1
-    result = q.new_zeros((batch, q.shape[1], max_seqlen_q, max_seqlen_k))
+    # max_seqlen is a hint (the kernels compute longer sequences too): pad to whichever is longer.
+    rows = max([max_seqlen_q] + [starts_q[b + 1] - starts_q[b] for b in range(batch)])
+    cols = max([max_seqlen_k] + [starts_k[b + 1] - starts_k[b] for b in range(batch)])
+    result = q.new_zeros((batch, q.shape[1], rows, cols))
     for b in range(batch):
         qb = q[None, starts_q[b]:starts_q[b + 1]]
         kb = k[None, starts_k[b]:starts_k[b + 1]]

@@ -23,7 +23,7 @@ def test_philox_known_answers(counter, key, want):
 def test_spec_bytes_match_the_cpp_draws():
     """Bytes that benchmarks/dev/check_dropout.cu printed from the C++ spec for seed 0x9abcdef012345678,
     offset 4 x 77, bh 5."""
-    points = [(0, 0, 186), (1, 9, 118), (17, 3, 125), (100, 77, 244), (1023, 4095, 241), (40000, 12345, 70)]
+    points = [(0, 0, 189), (1, 9, 32), (17, 3, 98), (100, 77, 130), (1023, 4095, 190), (40000, 12345, 187)]
     for row, col, want in points:
         got = _dropout.keep_bytes(0x9ABCDEF012345678, 4 * 77, torch.tensor(5), torch.tensor(row), torch.tensor(col))
         assert int(got) == want, (row, col)
@@ -51,7 +51,40 @@ def test_seed_offset_and_position_change_the_mask():
     assert torch.equal(one, base[0])
 
 
+def test_streams_apart_from_torchs_philox():
+    """PyTorch's Philox users key with the bare seed and count offsets in counter words 0-1; the key's tag
+    keeps a first call after seeding (offset 0: counter word 3 is 0) from drawing their numbers for rows 0,
+    1, 8, 9: the untagged key would give exactly the bytes of Philox(counter, seed)."""
+    seed, bh = 0x0123456789ABCDEF, 3
+    cols = torch.arange(16)
+    got = _dropout.keep_bytes(seed, 0, torch.tensor(bh), torch.tensor(0), cols)
+    untagged = _dropout.philox4x32_10((cols >> 4 << 2 | (cols & 7) >> 1, torch.tensor(0), torch.tensor(bh),
+                                       torch.tensor(0)), (torch.tensor(seed & 0xFFFFFFFF), torch.tensor(seed >> 32)))
+    untagged = (untagged[0] >> (8 * (2 * ((cols >> 3) & 1) + (cols & 1)))) & 0xFF
+    assert not torch.equal(got, untagged)
+
+
 def test_extreme_probabilities():
     assert _dropout.keep_mask(1, 0, 1 / 1024, 1, 1, 32, 32).all()  # rounds to threshold 256: nothing dropped
     assert _dropout.dropout_scale(0.999) == 0.0  # threshold 0: nothing kept
     assert not _dropout.keep_mask(1, 0, 0.999, 1, 1, 32, 32).any()
+
+
+def test_s_dmask_varlen_longer_than_its_hint():
+    """max_seqlen is a hint (the kernels compute longer sequences too): S_dmask pads to the longest sequence
+    where that is longer, each sequence's block holding its own probabilities, dropped ones negated."""
+    torch.manual_seed(0)
+    lens_q, lens_k, heads, d, p = [5, 0, 19], [7, 3, 23], 2, 16, 0.3
+    cu_q, cu_k = (torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32) for lens in (lens_q, lens_k))
+    q, k = torch.randn(sum(lens_q), heads, d), torch.randn(sum(lens_k), heads, d)
+    rng_state = torch.tensor([11, 8], dtype=torch.int64)
+    got = _dropout.s_dmask(q, k, rng_state, p, True, 0.25, (-1, 0), 0.0, None, cu_q, cu_k, 8, 8)
+    assert got.shape == (3, heads, 19, 23)
+    for b in range(3):
+        qb, kb = q[None, cu_q[b]:cu_q[b + 1]], k[None, cu_k[b]:cu_k[b + 1]]
+        dense = _dropout._s_dmask(qb, kb, 11, 8, p, True, 0.25, (-1, 0), 0.0, None, None, None, 0, 0)[0]
+        # The probabilities are the sequence's own; the signs its batch entry's draws.
+        keep = _dropout.keep_mask_one(11, 8, p, b, heads, lens_q[b], lens_k[b])
+        assert torch.equal(got[b, :, :lens_q[b], :lens_k[b]].abs(), dense.abs())
+        assert torch.equal(got[b, :, :lens_q[b], :lens_k[b]] >= 0, keep | (dense == 0))
+        assert not got[b, :, lens_q[b]:].any() and not got[b, :, :, lens_k[b]:].any()

@@ -94,7 +94,7 @@ int main() {
       ++failures;
     }
   }
-  const DropoutRng rng{{0x12345678u, 0x9abcdef0u}, 77u, 5u};
+  const DropoutRng rng{dropout_key(0x9abcdef012345678ull), 77u, 5u};
   int warps = 0;
   for (int row_block = 0; row_block < 6; ++row_block) {
     for (int b0 = 0; b0 < 6; ++b0) {

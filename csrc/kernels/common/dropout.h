@@ -45,6 +45,13 @@ __host__ __device__ inline uint32_t byte_perm(uint32_t lo, uint32_t hi, uint32_t
 #endif
 }
 
+// Philox's key for a seed: the seed with a tag mixed in. PyTorch's own Philox users key with the bare seed and
+// keep a call's offset in counter words 0-1, where this layout puts positions; without the tag, the first
+// dropout call after seeding would draw numbers that a later torch op draws again (query rows 0, 1, 8, 9).
+__host__ __device__ inline uint2 dropout_key(uint64_t seed) {
+  return make_uint2(uint32_t(seed) ^ 0x706F7244u, uint32_t(seed >> 32) ^ 0x5F324146u);  // "Drop", "FA2_"
+}
+
 // A thread's keep bytes for two 16-row x 16-column blocks of its fragment: words[j][h] for block j and row
 // half h (rows g + 8 h), byte c % 4 for the fragment's columns 2 q + {0, 1, 8, 9} in rowcol order.
 struct KeepWords {
@@ -53,7 +60,7 @@ struct KeepWords {
 
 // The draws of one (batch, head).
 struct DropoutRng {
-  uint2 key;        // the seed
+  uint2 key;        // dropout_key(seed)
   uint32_t offset;  // the generator's offset / 4
   uint32_t bh;      // batch x heads + head
 
@@ -182,8 +189,7 @@ struct Dropout {
   }
 
   __device__ Dropout(const FwdParams& p, int bidb, int bidh) {
-    const uint64_t s = seed(p);
-    rng = {make_uint2(uint32_t(s), uint32_t(s >> 32)), uint32_t(offset(p) >> 2),
+    rng = {dropout_key(seed(p)), uint32_t(offset(p) >> 2),
            uint32_t(bidb) * uint32_t(p.num_heads) + uint32_t(bidh)};
     threshold = uint32_t(__float2int_rn((1.f - p.dropout_p) * 256.f));
     scale = threshold > 0 ? 256.f / float(threshold) : 0.f;
