@@ -22,14 +22,13 @@ called any number of times. Developed against transformers 5.17, whose own flash
   path picks, bfloat16 where that is float32 too, and the output is cast back;
 - GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured;
 - a sliding window (`sliding_window`, e.g. Mistral) as transformers' flash path passes it: (w - 1, w - 1),
-  which causal makes (w - 1, 0); logit soft-capping (`softcap`, Gemma 2).
-
+  which causal makes (w - 1, 0); logit soft-capping (`softcap`, Gemma 2);
 - attention dropout while training (`dropout`, config.attention_dropout), with the kernels' dropout.
 
 What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: attention
-sinks (`s_aux`), `output_attentions=True`, a 4-D (custom)
-attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and
-any other non-None keyword argument not listed in `_NOT_FOR_ATTENTION`.
+sinks (`s_aux`), `output_attentions=True`, a 4-D (custom) attention mask, a model's own or/and mask
+functions, packed sequences with a KV cache, and any other non-None keyword argument not listed in
+`_NOT_FOR_ATTENTION`.
 """
 
 from __future__ import annotations
