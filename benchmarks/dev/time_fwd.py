@@ -1,7 +1,7 @@
 # Points of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times them (rounds, order
-# rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs, DETERMINISTIC=1 our deterministic
-# backward, SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a build without the SM80 forward
-# can still run it); PASS=bwd or fwd_bwd times that pass.
+# rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs, DROPOUT=p ours with dropout_p=p,
+# DETERMINISTIC=1 our deterministic backward, SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a
+# build without the SM80 forward can still run it); PASS=bwd or fwd_bwd times that pass.
 # A case may name its own pass and a GQA shape (heads, kv heads, batch) instead of the grid's:
 #   python benchmarks/dev/time_fwd.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,PASS[,H,H_KV,BATCH]] [...]
 import os
@@ -25,6 +25,9 @@ for case in sys.argv[1:]:
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = {impl: pass_fn(make_fn(impl, q, k, v, bool(causal)), pass_, (q, k, v), dout) for impl in impls}
+    if os.environ.get("DROPOUT"):  # flash_attn2 with dropout_p=DROPOUT beside its plain run
+        runs["dropout"] = pass_fn(lambda: flash_attn_func(q, k, v, float(os.environ["DROPOUT"]), causal=bool(causal)),
+                                  pass_, (q, k, v), dout)
     if os.environ.get("DETERMINISTIC"):
         runs["deterministic"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), deterministic=True),
                                         pass_, (q, k, v), dout)

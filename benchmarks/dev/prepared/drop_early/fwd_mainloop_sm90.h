@@ -1,0 +1,385 @@
+// The roles of one Hopper forward block on one tile: the producer's TMA loads (fwd_produce_tile) and a
+// consumer warpgroup's mainloop and epilogue (fwd_consume_tile, fwd_store_empty_tile). fwd_kernel_sm90.h
+// walks the tiles and hands them out; its comment describes the pipeline.
+#pragma once
+
+// First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
+#include "sm90/fwd_traits_sm90.h"
+
+#include <cute/tensor.hpp>
+
+#include "flash_attn2/flash_attn2.h"
+#include "common/alibi.h"
+#include "common/block_range.h"
+#include "common/dropout.h"
+#include "common/mask.h"
+#include "common/seqlen.h"
+#include "common/softmax.h"
+#include "common/utils.h"
+#include "sm90/tma.h"
+#include "sm90/wgmma.h"
+
+namespace flash_attn2 {
+
+namespace sm90 {
+
+// Named barriers (ids above CUTLASS's reserved ones).
+// Per consumer warpgroup (at most 3): its ping-pong turn, its epilogue; then the zeroed V tail (varlen).
+enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
+
+// The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
+// the window's right edge for its own rows; none for rows past the sequence. Empty when n_max == n_min.
+// Blocks before its own rows' left edge stay (the stages go round in order), masked.
+template <class Traits, bool kExtended>
+__device__ BlockRange warpgroup_block_range(const Window& window, const BlockRange& tile_blocks, int m_block,
+                                            int warpgroup) {
+  const int row_block = m_block * Traits::kConsumerWarpgroups + warpgroup;  // in units of 64 rows
+  if (row_block * 64 >= window.len_q) return {tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min, tile_blocks.n_min};
+  BlockRange blocks = fwd_block_range<64, Traits::kBlockN, kExtended>(window, row_block);
+  blocks.n_min = tile_blocks.n_min;
+  blocks.n_max = max(blocks.n_min, min(blocks.n_max, tile_blocks.n_max));
+  return blocks;
+}
+
+// Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), each warpgroup's Q slab
+// once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
+// `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
+// (they skip it). The pipeline states carry over from tile to tile.
+template <class Traits, bool kExtended>
+__device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                                 const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
+                                 PipelineState& state, uint32_t q_phase, bool leader) {
+  using namespace cute;
+  const FwdParams& p = args.params;
+  const int batch_index = p.cu_seqlens_q != nullptr ? 0 : bidb;
+  const int bidh_k = bidh / (p.num_heads / p.num_heads_k);
+  Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));   // (rows, D, heads, batch) coordinates
+  Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
+  Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
+  Tensor gQ = local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), mQ(_, _, bidh, batch_index)),
+                         typename Traits::TileQWarpgroup{},
+                         make_coord(_, _0{}));  // (64, D, m) slabs of 64 rows; the tile's from m_block * kGroups
+  Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
+                         typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
+  Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
+                         typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
+  Tensor sQ = local_tile(make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{}),
+                         typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
+  auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+  Tensor tQgQ = get<0>(tQ);  // (TMA, m) coordinates in q
+  Tensor tQsQ = get<1>(tQ);  // (TMA, kGroups)
+  auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+  Tensor tKgK = get<0>(tK);  // (TMA, n) coordinates in k
+  Tensor tKsK = get<1>(tK);  // (TMA, stages)
+  auto tV = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+  Tensor tVgV = get<0>(tV);  // (TMA, n) coordinates in v
+  Tensor tVsV = get<1>(tV);  // (TMA, stages)
+
+  // The warpgroups past their last block (n >= n_max of their rows) skip it; every block is someone's.
+  const Window window(seq.len_q, seq.len_k, p);
+  int wg_n_max[Traits::kConsumerWarpgroups];
+  CUTE_UNROLL
+  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+    wg_n_max[w] = warpgroup_block_range<Traits, kExtended>(window, blocks, m_block, w).n_max;
+  }
+  auto release_for_skippers = [&](uint64_t* empty, int n_block) {
+    CUTE_UNROLL
+    for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+      if (n_block >= wg_n_max[w]) barrier_arrive(empty);
+    }
+  };
+  // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
+  // Arrivals for skippers come after that wait, so they count toward the stage's current use.
+  // K or V block n_block into the current stage, behind that tensor's empty / full barriers.
+  auto load_kv = [&](const auto& tma, const auto& tXgX, const auto& tXsX, uint64_t* full, uint64_t* empty, int n_block) {
+    barrier_wait(&empty[state.stage], state.phase ^ 1);
+    if (leader) {
+      barrier_expect_tx(&full[state.stage], Traits::kKVBytes);
+      copy(tma.with(full[state.stage]), tXgX(_, n_block), tXsX(_, state.stage));
+      release_for_skippers(&empty[state.stage], n_block);
+    }
+  };
+  auto load_k = [&](int n_block) { load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block); };
+  auto load_v = [&](int n_block) {
+    load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block);
+    state.template advance<Traits::kStages>();
+  };
+  load_k(blocks.n_max - 1);
+  CUTE_UNROLL
+  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {  // in the order the warpgroups free their slabs
+    barrier_wait(&smem.q_empty[w], q_phase ^ 1);
+    if (leader) {
+      barrier_expect_tx(&smem.q_full[w], Traits::kQBytes);
+      copy(args.tma_q.with(smem.q_full[w]), tQgQ(_, m_block * Traits::kConsumerWarpgroups + w), tQsQ(_, w));
+    }
+  }
+  load_v(blocks.n_max - 1);
+  for (int n_block = blocks.n_max - 2; n_block >= blocks.n_min; --n_block) {
+    load_k(n_block);
+    load_v(n_block);
+  }
+}
+
+// A tile without visible keys: out 0 and LSE -inf, stored directly (shared memory may already hold the
+// next tile's Q).
+template <class Traits>
+__device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
+                                     int thread) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kVecsPerRow = Traits::kHeadDim / 8;
+  const int rows_left = seq.len_q - m_block * kBlockM;
+  Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
+                 bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
+  float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
+  for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
+    const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
+    if (row < rows_left && col < p.head_dim) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
+    if (row < rows_left && col == 0) lse[row] = -INFINITY;
+  }
+}
+
+// One consumer warpgroup's share of a tile, its 64 query rows (thread: index among all consumer threads):
+// the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
+// ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
+// than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
+// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap and ALiBi; with
+// kDropout also dropout.
+template <class Traits, bool kExtended, bool kDropout>
+__device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                                 const SeqlenInfo& seq, const BlockRange& tile_blocks, int bidb, int bidh,
+                                 int m_block, int thread, PipelineState& k_state, PipelineState& v_state,
+                                 uint32_t q_phase) {
+  using namespace cute;
+  const FwdParams& p = args.params;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kGroups = Traits::kConsumerWarpgroups;
+  const int warpgroup = __shfl_sync(0xffffffff, thread / 128, 0);  // warp-uniform: a uniform register
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
+  Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? smem.o.data() : smem.q.data()),
+                          typename Traits::SmemLayoutQ{});  // (kBlockM, D)
+
+  typename Traits::TiledMmaS mma_s;
+  typename Traits::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(thread);
+  auto thr_o = mma_o.get_thread_slice(thread);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) descriptors of this warpgroup's slab
+  Tensor tSrK = thr_s.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
+  Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
+  Tensor acc_o = partition_fragment_C(mma_o, typename Traits::TileQ{});  // ((2, 2, D / 8), MMA_M, MMA_D)
+  clear(acc_o);
+
+  Tensor tScS = rowcol_view(thr_s.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (rows, cols) -> tile coords
+  constexpr int kRows = decltype(size<0>(tScS))::value;
+  const Window window(seq.len_q, seq.len_k, p);
+  const Mask mask{window};
+  const bool softcap = kExtended && p.softcap > 0.f;
+  const Alibi alibi(p, seq.len_q, seq.len_k, bidb, bidh);
+  static_assert(kExtended || !kDropout);
+  const Dropout dropout(p, bidb, bidh);
+  OnlineSoftmax<kRows> softmax(softcap ? p.softcap : p.softmax_scale);
+  const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
+
+  // S = Q K[n]^T of the next block is issued before O += P V[n + 1] of the current one, so the softmax of
+  // S overlaps the P V product (FA3's intra-warpgroup overlap); O is rescaled once that product is done.
+  Tensor acc_s = partition_fragment_C(mma_s, typename Traits::TileS{});  // ((2, 2, kBlockN / 8), MMA_M, MMA_N)
+  Tensor rP = make_fragment_like<Element>(acc_s);
+  Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // ((2, 2, 2), MMA_M, kBlockN / 16)
+  Tensor S = rowcol_view(acc_s);
+  Tensor O = rowcol_view(acc_o);
+  float correction[kRows];
+  auto issue_qk = [&] {
+    barrier_wait(&smem.k_full[k_state.stage], k_state.phase);
+    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_s, tSrQ, tSrK(_, _, _, k_state.stage), acc_s);
+  };
+  auto issue_pv = [&] {
+    barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
+    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_o, tOrP, tOrVt(_, _, _, v_state.stage), acc_o);
+  };
+  // Varlen: a sequence's last key block reaches past its end into rows of the packed tensor that may hold
+  // anything (the next sequence's, or rows outside every sequence). Those keys are masked (P = 0), but
+  // 0 x NaN is NaN, so their V rows are zeroed before any P V reads them: by the last warpgroup that
+  // reads the block, while the others that read it wait at a barrier. Fixed length gets zeros from TMA's
+  // out-of-bounds fill. Called after the first S = Q K^T, outside the ping-pong turns.
+  auto zero_v_tail = [&](int tail) {
+    int readers = 0, zeroer = 0;
+    CUTE_UNROLL
+    for (int w = 0; w < kGroups; ++w) {
+      const BlockRange r = warpgroup_block_range<Traits, kExtended>(window, tile_blocks, m_block, w);
+      if (r.n_max == tile_blocks.n_max && r.n_max > r.n_min) ++readers, zeroer = w;
+    }
+    if (warpgroup == zeroer) {
+      barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
+      zero_rows(sV(_, _, v_state.stage), kBlockN - tail, thread % 128, 128);
+    }
+    named_barrier_sync(128 * readers, int(Barrier::kVTail));
+  };
+  auto release = [&](uint64_t* empty, PipelineState& state) {
+    if (release_thread) barrier_arrive(&empty[state.stage]);
+    state.template advance<Traits::kStages>();
+  };
+  // Ping-pong: a warpgroup issues its GEMMs only between its turn's start (the previous warpgroup's arrival
+  // on its barrier) and its own arrival on the next one's; the chain runs on from tile to tile. Every
+  // warpgroup takes (tile blocks + 1) turns per tile, empty ones for blocks it passes by.
+  auto turn_begin = [&] {
+    if constexpr (Traits::kPingPong) named_barrier_sync(256, int(Barrier::kWarpgroup0) + warpgroup);
+  };
+  auto turn_end = [&] {
+    if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + (warpgroup + 1) % kGroups);
+  };
+  // Dropout's keep bits for block n, one per score, drawn after the block's GEMMs are issued and before
+  // waiting for S: the Philox rounds run while the tensor cores do, off the softmax's critical path.
+  constexpr int kKeyBlocks = kBlockN / 16, kBitWords = (kKeyBlocks + 3) / 4;
+  static_assert(kBlockN % 16 == 0 && decltype(size<0>(S))::value == 2, "one 16-row tile per warp, whole 16-key blocks");
+  uint32_t keep_bits[kBitWords];
+  auto draw_keep_bits = [&](int n_block) CUTLASS_LAMBDA_FUNC_INLINE {
+    if constexpr (kDropout) {
+      dropout.draw_bits</*kTransposed=*/false, kKeyBlocks>(keep_bits, (m_block * kBlockM + get<0>(tScS(0, 0))) >> 4,
+                                                           n_block * kBlockN / 16);
+    }
+  };
+  auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
+    if constexpr (kExtended) {
+      if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
+      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    }
+    mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
+    softmax.update_scores(S, correction);
+    // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
+    if constexpr (kDropout) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(S); ++c) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) S(h, c) = Dropout::kept_bit<kKeyBlocks>(keep_bits, c / 4, h, c % 4) ? S(h, c) : 0.f;
+      }
+    }
+  };
+  // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
+  auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
+    turn_begin();
+    issue_qk();
+    issue_pv();
+    turn_end();
+    draw_keep_bits(n_block);
+    warpgroup_wait<1>();  // S is done
+    release(smem.k_empty, k_state);
+    // Both edges want two bounds per row: P V goes first, so that P's registers are free for them.
+    if constexpr (decltype(edges)::value == MaskBoth::value) warpgroup_wait<0>();
+    softmax_step(n_block, edges);
+    warpgroup_wait<0>();  // P V is done: P's registers and O are free
+    release(smem.v_empty, v_state);
+    softmax.rescale(O, correction);
+    convert_fragment_into(acc_s, rP);
+  };
+  auto release_q = [&] {
+    if (release_thread) barrier_arrive(&smem.q_empty[warpgroup]);
+  };
+
+  // The blocks this warpgroup skips come first (the producer released their stages for it).
+  const BlockRange blocks = warpgroup_block_range<Traits, kExtended>(window, tile_blocks, m_block, warpgroup);
+  const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
+  k_state.template advance<Traits::kStages>(skipped);
+  v_state.template advance<Traits::kStages>(skipped);
+  #pragma unroll 1
+  for (int i = 0; i < skipped + (own == 0); ++i) { turn_begin(); turn_end(); }
+  barrier_wait(&smem.q_full[warpgroup], q_phase);
+  if (own > 0) {
+    int n_block = blocks.n_max - 1;
+    turn_begin();
+    issue_qk();
+    turn_end();
+    draw_keep_bits(n_block);
+    warpgroup_wait<0>();
+    release(smem.k_empty, k_state);
+    if (n_block >= blocks.n_masked_min) {
+      softmax_step(n_block, MaskRight{});
+    } else if (kExtended && n_block < blocks.n_unmasked_min) {
+      if constexpr (kExtended) softmax_step(n_block, MaskBoth{});
+    } else {
+      softmax_step(n_block, MaskNone{});
+    }
+    convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
+    const int key_tail = blocks.n_max * kBlockN - seq.len_k;  // rows of the sequence's last block past its end
+    if (p.cu_seqlens_k != nullptr && key_tail > 0) zero_v_tail(key_tail);  // (only its readers get here)
+    for (--n_block; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
+    if constexpr (kExtended) {
+      for (; n_block >= blocks.n_unmasked_min; --n_block) step(n_block, MaskNone{});
+      for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskBoth{});
+    } else {
+      for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskNone{});
+    }
+    if (Traits::kSeparateO) release_q();  // the last S = Q K^T is done: the next tile's Q may load
+    turn_begin();
+    issue_pv();
+    turn_end();
+    warpgroup_wait<0>();
+    release(smem.v_empty, v_state);
+  } else if (Traits::kSeparateO) {
+    release_q();
+  }
+
+  // Epilogue: normalize (rows that saw no key get O = 0, LSE = -inf), stage this warpgroup's O rows in
+  // its shared-memory slab, write the LSE, then one TMA store of the slab (fixed length: TMA clips the
+  // rows past the sequence) or 16-byte row stores (varlen: rows past a sequence belong to the next one).
+  // The TMA store runs on while the warpgroup starts its next tile.
+  const bool tma_store = p.cu_seqlens_q == nullptr;
+  float row_lse[kRows];
+  softmax.finalize(O, row_lse);
+  if constexpr (kDropout) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
+  }
+  Tensor rO = convert_fragment<Element>(acc_o);
+  const int epilogue_barrier = int(Barrier::kEpilogue0) + warpgroup;
+  if (release_thread) tma_store_wait<0>();  // the last tile's store has read the slab
+  named_barrier_sync(128, epilogue_barrier);  // and so have the row stores, and this tile's S = Q K^T
+  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, mma_o);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
+  cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+
+  const int rows_left = seq.len_q - m_block * kBlockM;
+  float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
+  if (get<1>(tScS(0, 0)) == 0) {  // the quad's first thread owns column 0 of its rows
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tScS(r, 0));
+      if (row < rows_left) lse[row] = row_lse[r];
+    }
+  }
+  if (tma_store) {
+    cutlass::arch::fence_view_async_shared();  // the slab's writes, visible to the TMA unit
+    named_barrier_sync(128, epilogue_barrier);
+    if (release_thread) {
+      Tensor mO = args.tma_o.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch) coordinates
+      Tensor gO = local_tile(mO(_, _, bidh, bidb), typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, m)
+      Tensor sO_slabs = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
+      auto tO = tma_partition(args.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO_slabs), group_modes<0, 2>(gO));
+      copy(args.tma_o, get<1>(tO)(_, warpgroup), get<0>(tO)(_, m_block * kGroups + warpgroup));
+      tma_store_arrive();
+    }
+  } else {
+    named_barrier_sync(128, epilogue_barrier);
+    const int row0 = m_block * kBlockM + warpgroup * 64;  // this warpgroup's slab
+    Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
+                   bidh * p.o_head_stride + int64_t(row0) * p.o_row_stride;
+    Tensor sOw = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(warpgroup, _0{}));  // (64, D)
+    store_rows(sOw, out, p.o_row_stride, rows_left - warpgroup * 64, p.head_dim, thread % 128, 128);
+  }
+  if constexpr (!Traits::kSeparateO) {  // the slab is Q's: free once read
+    if (tma_store) {
+      if (release_thread) tma_store_wait<0>();
+    } else {
+      named_barrier_sync(128, epilogue_barrier);
+    }
+    release_q();
+  }
+}
+
+}  // namespace sm90
+
+}  // namespace flash_attn2
