@@ -141,17 +141,18 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
 // The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
 // FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the SM80 backward writes
 // the zero dK / dV), a dout whose strides TMA cannot take (zero, e.g. expanded over heads), dropout above
-// head dim 128 (the wide Hopper kernels have none); else the SM80 one, built for every head dim. Deterministic
-// mode stays on Hopper: its key-block-ordered dQ adds cost 1.06-1.6x the default there, the SM80 backward's
-// split accumulators 1.4-7x (TUNING step 54). nullptr for a bad FLASH_ATTN2_BACKEND.
+// head dim 128 but for FLASH_ATTN2_BACKEND=sm90 (the wide Hopper kernels' dropout has not yet run against
+// the SM80 one's); else the SM80 one, built for every head dim. Deterministic mode stays on Hopper: its
+// key-block-ordered dQ adds cost 1.06-1.6x the default there, the SM80 backward's split accumulators 1.4-7x
+// (TUNING step 54). nullptr for a bad FLASH_ATTN2_BACKEND.
 BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, int bucket) {
   std::string backend;
   if (!requested_backend(&backend)) return nullptr;
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
   const bool sm90 = k.bwd_sm90 != nullptr && backend != "sm80" &&
-                    (p.dropout_p == 0.f || bwd_sm90_kernel_dim(bucket) <= 128) && tma_strides && p.total_q > 0 &&
-                    device_is_sm90();
+                    (p.dropout_p == 0.f || bwd_sm90_kernel_dim(bucket) <= 128 || backend == "sm90") &&
+                    tma_strides && p.total_q > 0 && device_is_sm90();
   return sm90 ? k.bwd_sm90 : k.bwd;
 }
 

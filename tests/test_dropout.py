@@ -45,12 +45,6 @@ def check_out(out, lse, q, k, v, ref):
     assert max_error(lse, lse_ref) <= LSE_ATOL  # the undropped softmax's
 
 
-def on_backend(backend, monkeypatch):
-    """FLASH_ATTN2_BACKEND=backend for the forward; skips where this build lacks that forward."""
-    if backend == "sm80":
-        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
-
-
 @pytest.mark.parametrize("backend", ["default", "sm80"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
@@ -61,7 +55,8 @@ def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, mo
     """GQA 8:2, both forwards; the Hopper forward's 80-key tiles at d 256 hold an odd count of 16-key blocks."""
     require_kernel(head_dim, dtype)
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
-    on_backend(backend, monkeypatch)
+    if backend == "sm80":
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     try:
         out, lse = forward(q, k, v, causal, p, rng_state())
     except NotImplementedError as e:
@@ -70,24 +65,32 @@ def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, mo
     check_out(out, lse, q, k, v, dense_ref(q, k, causal, p))
 
 
-@pytest.mark.parametrize("backend", ["default", "sm80"])
+@pytest.mark.parametrize("backend", ["default", "sm80", "sm90"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 256])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 17), (113, 203), (1023, 300), (300, 1023)])
 def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monkeypatch):
-    """Both backwards redraw the forward's mask (the Hopper one on S^T at head dim <= 128; the SM80 one by
-    8-key halves, which also serves Hopper above 128): gradients against autograd of the reference built
-    from the regenerated mask."""
+    """Both backwards redraw the forward's mask (the Hopper one on S^T at head dim <= 128 and, above it, on
+    S by warpgroups of 40 / 32 keys, which only FLASH_ATTN2_BACKEND=sm90 runs yet; the SM80 one by 8-key
+    halves): gradients against autograd of the reference built from the regenerated mask."""
     require_kernel(head_dim, dtype)
+    if backend == "sm90" and (torch.cuda.get_device_capability() != (9, 0) or
+                              "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";")):
+        pytest.skip("needs an sm_90 GPU and the Hopper backward")
     p = 0.3
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
     out, lse = forward(q, k, v, causal, p, rng_state())
-    on_backend(backend, monkeypatch)  # the backward's path only
+    if backend != "default":  # the backward's path only
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)
     grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
-    _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False, *grads,
-                         dropout_p=p, rng_state=rng_state())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False,
+                             *grads, dropout_p=p, rng_state=rng_state())
+        torch.cuda.synchronize()
+    if backend == "sm90":
+        assert any("bwd_kernel_sm90" in e.key for e in prof.key_averages()), "the Hopper backward did not run"
     ref = dense_ref(q, k, causal, p)
     refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
     check_grads(grads, refs[1:], refs_pt[1:])

@@ -251,6 +251,46 @@ struct Dropout {
     return (bits[j / 4] >> (8 * (j % 4) + 4 * h + byte)) & 1u;
   }
 
+  // Keep bits of one 16-row tile (rows as queries) whose kGroups 8-key groups start at key0, a multiple of 8
+  // but not always of 16 (the wide Hopper backward's warpgroups own 40 keys): bit 4 g + 2 h + e for group g,
+  // row half h, column e. Whole 16-key blocks are drawn two at a time (one call per 16 of a thread's scores);
+  // with an odd kGroups the one group left over, first or last as key0 falls, takes a call per 8. An even
+  // kGroups must start on a 16-key block. The whole warp must call it.
+  template <int kGroups>
+  __device__ uint32_t draw_group_bits(int row_block, int key0) const {
+    static_assert(kGroups <= 8, "4 bits a group in one word");
+    constexpr int kWhole = kGroups / 2;  // 16-key blocks
+    const int lone = kGroups % 2 == 0 ? -1 : (key0 & 8) ? 0 : kGroups - 1;  // the group outside them
+    const int first = lone == 0 ? 1 : 0;  // the first whole block's first group
+    const uint32_t limit = (threshold > 0 ? threshold - 1 : 0) * 0x01010101u;
+    // Each byte <= limit to its top bit, the four gathered into bits 0-3 in byte order.
+    auto nibble = [&](uint32_t word) { return ((__vcmpleu4(word, limit) & 0x80808080u) * 0x00204081u) >> 28; };
+    uint32_t bits = 0;
+    CUTE_UNROLL
+    for (int j = 0; j < kWhole; j += 2) {
+      const int j1 = j + 1 < kWhole ? j + 1 : j;
+      const int block0 = (key0 >> 4) + (first + 1) / 2;  // key0 / 16 rounded up to the first whole block
+      const KeepWords keep = draw_keep_words</*kTransposed=*/false>(rng, row_block, block0 + j, block0 + j1);
+      CUTE_UNROLL
+      for (int jj = 0; jj < (j1 > j ? 2 : 1); ++jj) {
+        const int group = first + 2 * (j + jj);
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {  // bytes 2 sub + e: sub-group 0's two columns, then sub-group 1's
+          const uint32_t n = nibble(keep.words[jj][h]);
+          bits |= ((n & 3u) << (4 * group + 2 * h)) | ((n >> 2) << (4 * (group + 1) + 2 * h));
+        }
+      }
+    }
+    if (lone >= 0) {
+      const int key = key0 + 8 * lone;
+      bits |= nibble(draw_keep_halves(rng, row_block, key, key).words[0]) << (4 * lone);  // byte 2 h + e
+    }
+    return bits;
+  }
+  __device__ static bool kept_group_bit(uint32_t bits, int group, int h, int e) {
+    return (bits >> (4 * group + 2 * h + e)) & 1u;
+  }
+
   // Zeroes the dropped entries of a thread's fragment of P (queries x keys) in rowcol view; coord holds the
   // tile coordinates, row0 / col0 the tile's first query / key in its sequence (col0 a multiple of 16).
   template <class TensorS, class TensorC>

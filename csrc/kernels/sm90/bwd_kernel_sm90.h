@@ -135,9 +135,9 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
 
 }  // namespace sm90
 
-// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags; kDropout (at head dim <= 128) adds
-// dropout in a kernel of its own, so that softcap and ALiBi keep their registers (its draws cost the d 128
-// extended kernel 64 B of spills: TUNING 53).
+// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags; kDropout adds dropout in a kernel of its
+// own, so that softcap and ALiBi keep their registers (its draws cost the d 128 extended kernel 64 B of
+// spills: TUNING 53).
 template <class Traits, bool kExtended, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __grid_constant__ BwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -195,8 +195,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
   if constexpr (Traits::kWide) {
-    static_assert(!kDropout, "no dropout in the wide backward yet");
-    bwd_consume_wide<Traits, kExtended>(args, smem, work, warpgroup - 1);
+    bwd_consume_wide<Traits, kExtended, kDropout>(args, smem, work, warpgroup - 1);
   } else {
     bwd_consume<Traits, kExtended, kDropout>(args, smem, work, warpgroup - 1);
   }

@@ -11,11 +11,13 @@
 #include "sm90/bwd_work_sm90.h"
 
 #include "common/alibi.h"
+#include "common/dropout.h"
 #include "common/softmax.h"  // BwdScores
 
 namespace flash_attn2::sm90 {
 
-template <class Traits, bool kExtended>
+// kDropout (with kExtended): dropout's keep bits drawn while S and dP run.
+template <class Traits, bool kExtended, bool kDropout>
 __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const BwdWork<Traits>& work, int wg) {
   using namespace cute;
@@ -71,6 +73,10 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
   const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
   const float scale_log2 = scores.scale_log2;
+  static_assert(kExtended || !kDropout);
+  static_assert(kKeys % 8 == 0 && (kKeys % 16 == 0 || (kKeys / 8) % 2 == 1) && Traits::kBlockN % 16 == 0,
+                "a warpgroup's keys: whole 16-key blocks, or an odd count of 8-key groups");
+  const Dropout dropout_batch(p, work.bidb, 0);
   // stmatrix: four 8x8 blocks per instruction where a warpgroup's keys allow (kKeys 40 at d 256: two)
   using StsmPdS = std::conditional_t<kKeys % 16 == 0, SM90_U32x4_STSM_N, SM90_U32x2_STSM_N>;
   auto smem_copy_pds = make_tiled_copy_C(Copy_Atom<StsmPdS, Element>{}, mma_sdp);
@@ -127,6 +133,11 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         }
       };
       if constexpr (decltype(extended)::value) {
+        // Dropout: the forward's keep bits, drawn for this warpgroup's keys while the GEMMs run.
+        static_assert(kRows == 2, "one 16-row tile per warp");
+        const Dropout dropout = dropout_batch.with_head(p, work.bidb, work.head(step));
+        uint32_t drop_bits = 0;
+        if constexpr (kDropout) drop_bits = dropout.draw_group_bits<kKeys / 8>((row0 + get<0>(tScS(0, 0))) >> 4, key0);
         // Softcap's derivative 1 - t^2 wants t = tanh(S scale / softcap) beside dP: both GEMMs first, then
         // one pass, so that t neither waits in a register for dP nor is recomputed from P with a log (a third
         // MUFU op per score, and registers the extended kernels do not have).
@@ -137,7 +148,9 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
           const float lse_log2 = smem.lse_log2[stage][row], dsum = smem.dsum[stage][row];
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) {
-            scores.p_and_ds(S(r, c), dP(r, c), bias(r, c), lse_log2, dsum, keep(r, c));
+            const float zscale =
+                !kDropout ? 1.f : Dropout::kept_group_bit(drop_bits, c / 2, r, c % 2) ? dropout.scale : 0.f;
+            scores.p_and_ds(S(r, c), dP(r, c), bias(r, c), lse_log2, dsum, keep(r, c), zscale);
           }
         }
       } else {
