@@ -54,5 +54,4 @@ def test_hopper_forward_kernels_use_wgmma():
 
 
 def test_hopper_backward_kernels_use_wgmma():
-    # Dropout on the narrow (d <= 128) Hopper backward only; wider head dims take the SM80 one (pick_bwd).
-    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), BWD_SM90_HEAD_DIMS, "backward", lambda d: 3 if d <= 128 else 2)
+    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), BWD_SM90_HEAD_DIMS, "backward", lambda d: 3)
