@@ -38,11 +38,10 @@ def _hopper_kernels(kernel_name):
     return kernels
 
 
-def _check_wgmma(kernels, head_dims, what, per_bucket):
-    """per_bucket(head dim): kernels per (head dim, dtype) (the plain one, the extended one and, where the path
-    has it, the dropout one)."""
-    compiled = sum(per_bucket(d) * (_ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d)
-                   for d in head_dims for dtype in (torch.float16, torch.bfloat16))
+def _check_wgmma(kernels, head_dims, what):
+    """Three kernels per (head dim, dtype): the plain one, the extended one (softcap, ALiBi) and dropout's."""
+    compiled = 3 * sum(_ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d
+                       for d in head_dims for dtype in (torch.float16, torch.bfloat16))
     assert len(kernels) == compiled, f"{len(kernels)} Hopper {what} kernels for {compiled} compiled (head dim, dtype)"
     for name, body in kernels.items():
         assert "HGMMA" in body, f"{name}: no HGMMA"
@@ -50,8 +49,8 @@ def _check_wgmma(kernels, head_dims, what, per_bucket):
 
 
 def test_hopper_forward_kernels_use_wgmma():
-    _check_wgmma(_hopper_kernels("fwd_kernel_sm90"), range(32, 257, 32), "forward", lambda d: 3)
+    _check_wgmma(_hopper_kernels("fwd_kernel_sm90"), range(32, 257, 32), "forward")
 
 
 def test_hopper_backward_kernels_use_wgmma():
-    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), BWD_SM90_HEAD_DIMS, "backward", lambda d: 3)
+    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), BWD_SM90_HEAD_DIMS, "backward")
