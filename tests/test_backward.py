@@ -1,9 +1,12 @@
 """Backward kernels against a float32 reference (GPU): gradients through autograd of the reference."""
 
+import contextlib
+
 import pytest
 import torch
 
 import flash_attn2
+from flash_attn2._build_config import BWD_SM90_HEAD_DIMS
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import GRAD_ATOL, attention_ref, attention_ref_varlen, reference_grads, within_tolerance
 
@@ -17,6 +20,26 @@ def check_grads(grads, ref, ref_pt):
     for name, g, r, r_pt in zip(("dq", "dk", "dv"), grads, ref, ref_pt):
         ok, err, err_pt = within_tolerance(g, r, r_pt, atol=GRAD_ATOL)
         assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
+
+
+def require_hopper_backward(head_dim, dtype):
+    """Skips unless this GPU and build run the Hopper backward at head_dim (160 and 224 run on the 192 and 256
+    kernels, zero-padded, which the build must hold too)."""
+    if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
+        pytest.skip("needs an sm_90 GPU and the Hopper backward")
+    kernel = next(d for d in BWD_SM90_HEAD_DIMS if d >= head_dim)
+    if kernel not in flash_attn2.compiled_head_dims(dtype):
+        pytest.skip(f"the Hopper backward's head dim {kernel} {dtype} kernel is not compiled")
+
+
+@contextlib.contextmanager
+def backward_on(backend):
+    """FLASH_ATTN2_BACKEND=backend ("default": unset) for the backward alone: a build for sm_90 has no SM80
+    forward unless FLASH_ATTN2_SM80_FWD=1, and the variable is read on every call."""
+    with pytest.MonkeyPatch.context() as patch:
+        if backend != "default":
+            patch.setenv("FLASH_ATTN2_BACKEND", backend)
+        yield
 
 
 def run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=False, before_backward=None,
@@ -180,19 +203,18 @@ def test_double_backward_raises():
 @pytest.mark.parametrize("backend", ["default", "sm80"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 4])
-def test_deterministic_bitwise(group, causal, backend, monkeypatch):
+def test_deterministic_bitwise(group, causal, backend):
     """deterministic=True: 20 runs give bitwise-equal gradients. Few heads, so the SM80 backward's key blocks
     split (on Hopper the default is the Hopper backward's ordered adds; sm80 forces the split accumulators)."""
     require_kernel(128, torch.bfloat16)
-    if backend == "sm80":
-        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     q = randn(1, 1000, 4, 128, dtype=torch.bfloat16).requires_grad_()
     k, v = (randn(1, 1000, 4 // group, 128, dtype=torch.bfloat16).requires_grad_() for _ in range(2))
     dout = randn(1, 1000, 4, 128, dtype=torch.bfloat16)
     first = None
     for _ in range(20):
         out = flash_attn2.flash_attn_func(q, k, v, causal=causal, deterministic=True)
-        grads = torch.autograd.grad(out, (q, k, v), dout)
+        with backward_on(backend):
+            grads = torch.autograd.grad(out, (q, k, v), dout)
         if first is None:
             first = grads
             ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up)[0], (q, k, v), dout)
@@ -210,8 +232,7 @@ def test_deterministic_sm90(case, head_dim):
     varlen query slots. A wrong turn would hang: run under a timeout."""
     dtype = torch.bfloat16
     require_kernel(head_dim, dtype)
-    if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
-        pytest.skip("needs an sm_90 GPU and the Hopper backward")
+    require_hopper_backward(head_dim, dtype)
     causal, mods, cu_q = case != "gqa", {}, None
     if case == "varlen":
         lens_q, lens_k = [0, 17, 700, 1, 300], [5, 0, 1000, 33, 300]
@@ -236,11 +257,10 @@ def test_deterministic_sm90(case, head_dim):
     check_grads(runs[0], ref[1:], ref_pt[1:])
 
 
-def test_torch_deterministic_flag_is_honoured(monkeypatch):
+def test_torch_deterministic_flag_is_honoured():
     """torch.use_deterministic_algorithms(True) turns on the deterministic backward, seen in the SM80 one's
     memory: with two heads the key blocks split 16 ways, each split with its own dq accumulator."""
     require_kernel(64, torch.bfloat16)
-    monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     q, k, v = (randn(1, 4096, 2, 64, dtype=torch.bfloat16).requires_grad_() for _ in range(3))
     accumulator = q.numel() * 4  # one fp32 dq accumulator
 
@@ -249,7 +269,8 @@ def test_torch_deterministic_flag_is_honoured(monkeypatch):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
-        out.sum().backward()
+        with backward_on("sm80"):
+            out.sum().backward()
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - before
 

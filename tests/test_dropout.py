@@ -10,7 +10,7 @@ from flash_attn2 import _dropout
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import attention_ref, attention_scores, max_error, reference_grads, within_tolerance
 
-from test_backward import check_grads
+from test_backward import check_grads, require_hopper_backward
 from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, varlen_inputs
 
 pytestmark = pytest.mark.gpu
@@ -75,9 +75,8 @@ def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monke
     S by warpgroups of 40 / 32 keys, which only FLASH_ATTN2_BACKEND=sm90 runs yet; the SM80 one by 8-key
     halves): gradients against autograd of the reference built from the regenerated mask."""
     require_kernel(head_dim, dtype)
-    if backend == "sm90" and (torch.cuda.get_device_capability() != (9, 0) or
-                              "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";")):
-        pytest.skip("needs an sm_90 GPU and the Hopper backward")
+    if backend == "sm90":
+        require_hopper_backward(head_dim, dtype)
     p = 0.3
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
@@ -164,11 +163,11 @@ def test_deterministic_dropout(backend, monkeypatch):
     require_kernel(64, torch.bfloat16)
     hopper = backend == "default" and torch.cuda.get_device_capability() == (9, 0) and \
         "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
-    if backend == "sm80":
-        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     p = 0.4
     q, k, v = dense_inputs(1, 700, 1000, 4, 2, 64, torch.bfloat16)
     out, lse = forward(q, k, v, True, p, rng_state())
+    if backend == "sm80":  # the backward's path only (an sm_90 build has no SM80 forward by default)
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     dout = randn(*q.shape, dtype=q.dtype)
     backward = lambda: _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.125, True,  # noqa: E731
                                             True, dropout_p=p, rng_state=rng_state())

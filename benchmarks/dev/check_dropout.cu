@@ -1,6 +1,7 @@
 // Host checks of common/dropout.h before any GPU runs it: Philox4x32-10 against Random123's known answers,
-// and a simulated warp's lane-pair exchange (forward S and the backward's S^T fragments) against the
-// spec's byte for every score. Prints a few spec bytes for flash_attn2/_dropout.py to compare:
+// and a simulated warp's lane-pair exchange (forward S and the backward's S^T fragments, 8-key halves, and
+// the wide Hopper backward's GroupBits) against the spec's byte for every score. Prints a few spec bytes for
+// flash_attn2/_dropout.py to compare:
 //   nvcc -std=c++17 --expt-relaxed-constexpr -Icsrc/include -Icsrc/kernels -I$SP/cutlass_library/source/include \
 //     benchmarks/dev/check_dropout.cu -o /tmp/check_dropout && /tmp/check_dropout
 #include <cstdio>
@@ -78,6 +79,51 @@ int check_halves(const DropoutRng& rng, int row_block, int key0, int key1) {
   return failures;
 }
 
+// A simulated warp's exchange: lane's KeepWords (KeepPair) or KeepHalves (KeepHalfPair) for its fragment.
+KeepWords warp_words(const DropoutRng& rng, int lane, int row_block, int block0, int block1) {
+  const KeepPair<false> pair(lane), partner(lane ^ 4);
+  return pair.combine(pair.draw(rng, row_block, block0, block1),
+                      partner.send(partner.draw(rng, row_block, block0, block1)));
+}
+KeepHalves warp_halves(const DropoutRng& rng, int lane, int row_block, int key0, int key1) {
+  const KeepHalfPair pair(lane), partner(lane ^ 4);
+  return pair.combine(pair.draw(rng, row_block, key0, key1),
+                      partner.send(partner.draw(rng, row_block, key0, key1), key0, key1), key0, key1);
+}
+
+// GroupBits (the wide Hopper backward's warpgroups of kGroups 8-key groups from key0) against the spec's keep
+// decision for every lane's scores, as Dropout::draw_group_bits draws and places them.
+template <int kGroups>
+int check_group_bits(const DropoutRng& rng, uint32_t threshold, int row_block, int key0) {
+  using Layout = GroupBits<kGroups>;
+  const Layout layout(key0);
+  int failures = 0;
+  for (int lane = 0; lane < 32; ++lane) {
+    KeepWords pairs[Layout::kPairs];
+    for (int i = 0; i < Layout::kPairs; ++i) {
+      pairs[i] = warp_words(rng, lane, row_block, layout.pair_block(i, 0), layout.pair_block(i, 1));
+    }
+    uint32_t lone_word = 0;
+    if (kGroups % 2 == 1) {
+      const int key = Layout::lone_key(key0, layout.lone);
+      lone_word = warp_halves(rng, lane, row_block, key, key).words[0];
+    }
+    const uint32_t bits = layout.place(pairs, lone_word, keep_limit(threshold));
+    const int g = lane >> 2, q = lane & 3;
+    for (int h = 0; h < 2; ++h) {
+      for (int c = 0; c < 2 * kGroups; ++c) {
+        const int row = 16 * row_block + g + 8 * h, key = key0 + 8 * (c / 2) + 2 * q + c % 2;
+        // Threshold 0 keeps nothing through the scale (0); the bits are not asked then.
+        const bool want = spec_byte(rng, row, key) < threshold, got = Layout::kept(bits, c / 2, h, c % 2);
+        if (threshold > 0 && got != want && ++failures <= 5) {
+          std::printf("FAIL groups %d key0 %d lane %d half %d col %d: %d != %d\n", kGroups, key0, lane, h, c, got, want);
+        }
+      }
+    }
+  }
+  return failures;
+}
+
 int main() {
   struct Kat { uint4 c; uint2 k; uint4 want; };
   const Kat kats[] = {
@@ -109,6 +155,18 @@ int main() {
       for (int key1 = key0; key1 < 96; key1 += 8) {
         failures += check_halves(rng, row_block, key0, key1);
         ++warps;
+      }
+    }
+  }
+  for (uint32_t threshold : {1u, 26u, 128u, 230u, 256u}) {
+    for (int row_block = 0; row_block < 3; ++row_block) {
+      for (int n_block = 0; n_block < 5; ++n_block) {
+        for (int wg = 0; wg < 3; ++wg) {
+          if (wg < 2) failures += check_group_bits<5>(rng, threshold, row_block, n_block * 80 + wg * 40);  // d 256
+          failures += check_group_bits<4>(rng, threshold, row_block, n_block * 96 + wg * 32);             // d 192
+          failures += check_group_bits<3>(rng, threshold, row_block, n_block * 48 + wg * 24);             // odd, 3 WGs
+          warps += wg < 2 ? 3 : 2;
+        }
       }
     }
   }

@@ -173,6 +173,66 @@ __host__ __device__ inline bool keep_byte(uint32_t word, int byte, uint32_t thre
   return ((word >> (8 * byte)) & 0xFFu) < threshold;
 }
 
+// A word's four keep decisions as bits 0-3 in byte order: byte <= limit, the threshold less one in every byte
+// (0 when the threshold is 0: nothing is kept then, by the scale).
+__host__ __device__ inline uint32_t keep_nibble(uint32_t word, uint32_t limit) {
+#if defined(__CUDA_ARCH__)
+  return ((__vcmpleu4(word, limit) & 0x80808080u) * 0x00204081u) >> 28;  // each byte's top bit, gathered
+#else
+  uint32_t n = 0;
+  for (int b = 0; b < 4; ++b) n |= uint32_t(((word >> (8 * b)) & 0xFFu) <= ((limit >> (8 * b)) & 0xFFu)) << b;
+  return n;
+#endif
+}
+__host__ __device__ inline uint32_t keep_limit(uint32_t threshold) {
+  return (threshold > 0 ? threshold - 1 : 0) * 0x01010101u;
+}
+
+// The keep bits of one 16-row tile (rows as queries) whose kGroups 8-key groups start at key0, a multiple of 8
+// but not always of 16 (the wide Hopper backward's warpgroups own 40 keys): bit 4 g + 2 h + e for group g, row
+// half h, column e. Whole 16-key blocks are drawn two at a time (KeepPair: one call per 16 of a thread's
+// scores), and with an odd kGroups the group left over, first or last as key0 falls, by KeepHalfPair (one call
+// per 8). An even kGroups must start on a 16-key block. The draws are the caller's (they exchange within a
+// lane pair); this is what to draw and how to place it, shared with the host check.
+template <int kGroups>
+struct GroupBits {
+  static_assert(kGroups <= 8, "4 bits a group in one word");
+  static constexpr int kWhole = kGroups / 2, kPairs = (kWhole + 1) / 2;
+  int lone;    // the group outside the whole blocks, or -1
+  int first;   // the first whole block's first group
+  int block0;  // its 16-key block
+
+  __host__ __device__ explicit GroupBits(int key0)
+      : lone(kGroups % 2 == 0 ? -1 : (key0 & 8) ? 0 : kGroups - 1),
+        first(kGroups % 2 == 1 && (key0 & 8) ? 1 : 0),
+        block0((key0 >> 4) + ((key0 & 8) ? 1 : 0)) {}
+
+  // Pair i's two blocks (the same one twice for an odd count) and the lone group's first key.
+  __host__ __device__ int pair_block(int i, int which) const {
+    const int j = 2 * i + which;
+    return block0 + (j < kWhole ? j : 2 * i);
+  }
+  __host__ __device__ static int lone_key(int key0, int lone) { return key0 + 8 * lone; }
+
+  __host__ __device__ uint32_t place(const KeepWords (&pairs)[kPairs], uint32_t lone_word, uint32_t limit) const {
+    uint32_t bits = 0;
+    CUTE_UNROLL
+    for (int j = 0; j < kWhole; ++j) {
+      const int group = first + 2 * j;
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {  // bytes 2 sub + e: sub-group 0's two columns, then sub-group 1's
+        const uint32_t n = keep_nibble(pairs[j / 2].words[j % 2][h], limit);
+        bits |= ((n & 3u) << (4 * group + 2 * h)) | ((n >> 2) << (4 * (group + 1) + 2 * h));
+      }
+    }
+    if constexpr (kGroups % 2 == 1) bits |= keep_nibble(lone_word, limit) << (4 * lone);  // byte 2 h + e
+    return bits;
+  }
+  __host__ __device__ static bool kept(uint32_t bits, int group, int h, int e) {
+    return (bits >> (4 * group + 2 * h + e)) & 1u;
+  }
+};
+
 #if defined(__CUDACC__)
 // One (batch, head)'s dropout: its draws, the threshold, and the scale of what is kept.
 struct Dropout {
@@ -232,17 +292,14 @@ struct Dropout {
   __device__ void draw_bits(uint32_t (&bits)[(kBlocks + 3) / 4], int row_block, int col_block0) const {
     KeepWords keep[(kBlocks + 1) / 2];
     draw<kTransposed, kBlocks>(keep, row_block, col_block0);
-    // Bytes <= threshold - 1 (0 when threshold is 0: nothing is kept then, by the scale) to 0xFF, then each
-    // byte's top bit gathered into 4 bits.
-    const uint32_t limit = (threshold > 0 ? threshold - 1 : 0) * 0x01010101u;
+    const uint32_t limit = keep_limit(threshold);
     CUTE_UNROLL
     for (int i = 0; i < (kBlocks + 3) / 4; ++i) bits[i] = 0;
     CUTE_UNROLL
     for (int j = 0; j < kBlocks; ++j) {
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const uint32_t le = __vcmpleu4(keep[j / 2].words[j % 2][h], limit) & 0x80808080u;
-        bits[j / 4] |= ((le * 0x00204081u) >> 28) << (8 * (j % 4) + 4 * h);
+        bits[j / 4] |= keep_nibble(keep[j / 2].words[j % 2][h], limit) << (8 * (j % 4) + 4 * h);
       }
     }
   }
@@ -251,44 +308,23 @@ struct Dropout {
     return (bits[j / 4] >> (8 * (j % 4) + 4 * h + byte)) & 1u;
   }
 
-  // Keep bits of one 16-row tile (rows as queries) whose kGroups 8-key groups start at key0, a multiple of 8
-  // but not always of 16 (the wide Hopper backward's warpgroups own 40 keys): bit 4 g + 2 h + e for group g,
-  // row half h, column e. Whole 16-key blocks are drawn two at a time (one call per 16 of a thread's scores);
-  // with an odd kGroups the one group left over, first or last as key0 falls, takes a call per 8. An even
-  // kGroups must start on a 16-key block. The whole warp must call it.
+  // GroupBits' keep bits for the thread's fragment of one 16-row tile (row_block) from key0. The whole warp
+  // must call it.
   template <int kGroups>
   __device__ uint32_t draw_group_bits(int row_block, int key0) const {
-    static_assert(kGroups <= 8, "4 bits a group in one word");
-    constexpr int kWhole = kGroups / 2;  // 16-key blocks
-    const int lone = kGroups % 2 == 0 ? -1 : (key0 & 8) ? 0 : kGroups - 1;  // the group outside them
-    const int first = lone == 0 ? 1 : 0;  // the first whole block's first group
-    const uint32_t limit = (threshold > 0 ? threshold - 1 : 0) * 0x01010101u;
-    // Each byte <= limit to its top bit, the four gathered into bits 0-3 in byte order.
-    auto nibble = [&](uint32_t word) { return ((__vcmpleu4(word, limit) & 0x80808080u) * 0x00204081u) >> 28; };
-    uint32_t bits = 0;
+    using Layout = GroupBits<kGroups>;
+    const Layout layout(key0);
+    KeepWords pairs[Layout::kPairs];
     CUTE_UNROLL
-    for (int j = 0; j < kWhole; j += 2) {
-      const int j1 = j + 1 < kWhole ? j + 1 : j;
-      const int block0 = (key0 >> 4) + (first + 1) / 2;  // key0 / 16 rounded up to the first whole block
-      const KeepWords keep = draw_keep_words</*kTransposed=*/false>(rng, row_block, block0 + j, block0 + j1);
-      CUTE_UNROLL
-      for (int jj = 0; jj < (j1 > j ? 2 : 1); ++jj) {
-        const int group = first + 2 * (j + jj);
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {  // bytes 2 sub + e: sub-group 0's two columns, then sub-group 1's
-          const uint32_t n = nibble(keep.words[jj][h]);
-          bits |= ((n & 3u) << (4 * group + 2 * h)) | ((n >> 2) << (4 * (group + 1) + 2 * h));
-        }
-      }
+    for (int i = 0; i < Layout::kPairs; ++i) {
+      pairs[i] = draw_keep_words</*kTransposed=*/false>(rng, row_block, layout.pair_block(i, 0), layout.pair_block(i, 1));
     }
-    if (lone >= 0) {
-      const int key = key0 + 8 * lone;
-      bits |= nibble(draw_keep_halves(rng, row_block, key, key).words[0]) << (4 * lone);  // byte 2 h + e
+    uint32_t lone_word = 0;
+    if constexpr (kGroups % 2 == 1) {
+      const int key = Layout::lone_key(key0, layout.lone);
+      lone_word = draw_keep_halves(rng, row_block, key, key).words[0];
     }
-    return bits;
-  }
-  __device__ static bool kept_group_bit(uint32_t bits, int group, int h, int e) {
-    return (bits >> (4 * group + 2 * h + e)) & 1u;
+    return layout.place(pairs, lone_word, keep_limit(threshold));
   }
 
   // Zeroes the dropped entries of a thread's fragment of P (queries x keys) in rowcol view; coord holds the

@@ -149,7 +149,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
           CUTE_UNROLL
           for (int c = 0; c < kCols; ++c) {
             const float zscale =
-                !kDropout ? 1.f : Dropout::kept_group_bit(drop_bits, c / 2, r, c % 2) ? dropout.scale : 0.f;
+                !kDropout ? 1.f : GroupBits<kKeys / 8>::kept(drop_bits, c / 2, r, c % 2) ? dropout.scale : 0.f;
             scores.p_and_ds(S(r, c), dP(r, c), bias(r, c), lse_log2, dsum, keep(r, c), zscale);
           }
         }
