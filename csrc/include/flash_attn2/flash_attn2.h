@@ -125,7 +125,9 @@ struct BwdParams : FwdParams {
 int bwd_deterministic_splits(const BwdParams& params, int num_sms);
 
 // fp32 elements of workspace needed by softmax_d and dq_accum for these params. dq_accum's size depends
-// on the kernel the backward will pick (its GPU, FLASH_ATTN2_BACKEND): ask on the device that runs it.
+// on the kernel the backward will pick (its GPU, FLASH_ATTN2_BACKEND; in deterministic mode the SM80
+// backward needs num_splits accumulators, the Hopper one one): ask with the params, device and environment
+// that run_bwd will see.
 int64_t bwd_softmax_d_elems(const BwdParams& params);
 int64_t bwd_dq_accum_elems(const BwdParams& params);
 
