@@ -3,7 +3,8 @@
 # headers, built in turn as A, B, ...; the working tree is built last. bf16, head dims $D; timed interleaved
 # (CASES="d,causal,seqlen ...", ROUNDS processes each, the order rotated; PASS=bwd or fwd_bwd for the
 # backward); tests on the working tree (TESTS=...); SAN=1 adds memcheck/racecheck.
-# A directory holding csrc/ (variants.sh with FULL=1) replaces the whole csrc/ and flash_attn2/ instead.
+# A directory holding csrc/ (variants.sh with FULL=1) replaces the whole csrc/ and flash_attn2/ instead; a
+# .patch file (e.g. benchmarks/dev/prepared/*.patch, paths from the repository root) is applied to the tree.
 # The directories must lie in the working tree (untracked) to reach the device, e.g.
 #   mkdir -p benchmarks/dev/old && for f in fwd_kernel_sm90.h fwd_launch_sm90.h fwd_traits_sm90.h wgmma.h; do
 #     git show REF:csrc/kernels/sm90/$f > benchmarks/dev/old/$f; done
@@ -21,7 +22,9 @@ names=()
 for dir in ${VARIANTS:-benchmarks/dev/old} /tmp/tree_h; do
   name=$(printf "\\x$(printf %x $((65 + ${#names[@]})))")
   rm -rf csrc flash_attn2 && cp -r /tmp/tree_full/csrc /tmp/tree_full/flash_attn2 .
-  if [ -d $dir/csrc ]; then
+  if [ "${dir%.patch}" != "$dir" ]; then
+    patch -p1 --quiet < $dir || { echo "$dir does not apply"; exit 1; }
+  elif [ -d $dir/csrc ]; then
     rm -rf csrc flash_attn2 && cp -r $dir/csrc $dir/flash_attn2 .
   else
     cp $dir/*.h csrc/kernels/sm90/
