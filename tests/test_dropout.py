@@ -76,6 +76,8 @@ def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monke
     halves): gradients against autograd of the reference built from the regenerated mask."""
     require_kernel(head_dim, dtype)
     if backend == "sm90":
+        if head_dim <= 128:
+            pytest.skip("the default runs the Hopper backward's dropout at head dim <= 128")
         require_hopper_backward(head_dim, dtype)
     p = 0.3
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
