@@ -254,8 +254,11 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   // Deterministic mode's split accumulators only where the SM80 backward will run them.
-  const bool on_sm90 = bucket > 0 && kernels(bucket, p.dtype).bwd_sm90 != nullptr &&
-                       pick_bwd(kernels(bucket, p.dtype), p, bucket) == kernels(bucket, p.dtype).bwd_sm90;
+  bool on_sm90 = false;
+  if (bucket > 0) {
+    const Kernels& k = kernels(bucket, p.dtype);
+    on_sm90 = k.bwd_sm90 != nullptr && pick_bwd(k, p, bucket) == k.bwd_sm90;
+  }
   const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
   // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
   const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));

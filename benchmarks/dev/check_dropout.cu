@@ -105,7 +105,7 @@ int check_group_bits(const DropoutRng& rng, uint32_t threshold, int row_block, i
     }
     uint32_t lone_word = 0;
     if (kGroups % 2 == 1) {
-      const int key = Layout::lone_key(key0, layout.lone);
+      const int key = layout.lone_key(key0);
       lone_word = warp_halves(rng, lane, row_block, key, key).words[0];
     }
     const uint32_t bits = layout.place(pairs, lone_word, keep_limit(threshold));

@@ -212,7 +212,7 @@ struct GroupBits {
     const int j = 2 * i + which;
     return block0 + (j < kWhole ? j : 2 * i);
   }
-  __host__ __device__ static int lone_key(int key0, int lone) { return key0 + 8 * lone; }
+  __host__ __device__ int lone_key(int key0) const { return key0 + 8 * lone; }
 
   __host__ __device__ uint32_t place(const KeepWords (&pairs)[kPairs], uint32_t lone_word, uint32_t limit) const {
     uint32_t bits = 0;
@@ -321,7 +321,7 @@ struct Dropout {
     }
     uint32_t lone_word = 0;
     if constexpr (kGroups % 2 == 1) {
-      const int key = Layout::lone_key(key0, layout.lone);
+      const int key = layout.lone_key(key0);
       lone_word = draw_keep_halves(rng, row_block, key, key).words[0];
     }
     return layout.place(pairs, lone_word, keep_limit(threshold));
