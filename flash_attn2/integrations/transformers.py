@@ -130,8 +130,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
     if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
         v = F.pad(v, (0, head_dim - v_head_dim))
     half = _half_dtype(query, module)
-    if half != query.dtype or key.dtype != half or value.dtype != half:
-        q, k, v = (t.to(half) for t in (q, k, v))
+    q, k, v = (t.to(half) for t in (q, k, v))
     flash_kwargs = {
         "softmax_scale": scaling,
         # is_causal as a kwarg overrides the module's (decoders used as encoders); sdpa's default
@@ -166,10 +165,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         out = _flat_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, flash_kwargs)
     else:
         out = flash_attn_func(q, k, v, **flash_kwargs)
-    # Small models' steps are host-bound (TUNING 43): no-op views and casts skipped.
-    if v_head_dim != head_dim:
-        out = out[..., :v_head_dim]
-    return (out if out.dtype == query.dtype else out.to(query.dtype)), None
+    return out[..., :v_head_dim].to(query.dtype), None
 
 
 def _check_supported(attention_mask, s_aux, output_attentions, kwargs):
