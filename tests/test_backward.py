@@ -22,14 +22,25 @@ def check_grads(grads, ref, ref_pt):
         assert ok, f"{name} error {err:.3e} > 2 x PyTorch's {err_pt:.3e} + {GRAD_ATOL}"
 
 
-def require_hopper_backward(head_dim, dtype):
-    """Skips unless this GPU and build run the Hopper backward at head_dim (160 and 224 run on the 192 and 256
+def hopper_backward_built(head_dim, dtype):
+    """Whether this GPU and build run the Hopper backward at head_dim (160 and 224 run on the 192 and 256
     kernels, zero-padded, which the build must hold too)."""
     if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
-        pytest.skip("needs an sm_90 GPU and the Hopper backward")
-    kernel = next(d for d in BWD_SM90_HEAD_DIMS if d >= head_dim)
-    if kernel not in flash_attn2.compiled_head_dims(dtype):
-        pytest.skip(f"the Hopper backward's head dim {kernel} {dtype} kernel is not compiled")
+        return False
+    return next(d for d in BWD_SM90_HEAD_DIMS if d >= head_dim) in flash_attn2.compiled_head_dims(dtype)
+
+
+def require_hopper_backward(head_dim, dtype):
+    if not hopper_backward_built(head_dim, dtype):
+        pytest.skip(f"needs an sm_90 GPU and the Hopper backward's kernel for head dim {head_dim} {dtype}")
+
+
+def ran_kernel(fn, name):
+    """fn()'s result, and whether a kernel whose name holds `name` ran in it (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    return result, any(name in e.key for e in prof.key_averages())
 
 
 @contextlib.contextmanager
@@ -127,10 +138,9 @@ def test_bwd_l2_head_splits(backend, monkeypatch):
 
     q, k, v = dense_inputs(1, seqlen, seqlen, 7, 7, 256, dtype)
     dout = randn(*q.shape, dtype=dtype)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        grads = run_backward(q, k, v, dout, None, None, seqlen, seqlen, True, before_backward=set_backend)
-        torch.cuda.synchronize()
-    assert any("convert_dkv" in e.key for e in prof.key_averages()), "the backward did not split the query heads"
+    grads, split = ran_kernel(
+        lambda: run_backward(q, k, v, dout, None, None, seqlen, seqlen, True, before_backward=set_backend), "convert_dkv")
+    assert split, "the backward did not split the query heads"
     ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, True, upcast=up)[0], (q, k, v), dout)
     check_grads(grads, ref[1:], ref_pt[1:])
 
@@ -246,11 +256,9 @@ def test_deterministic_sm90(case, head_dim):
         mods = {"window": (200, 0)} if case == "window" else {"softcap": 5.0} if case == "softcap" else {}
         ref_fn = lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, **mods)[0]  # noqa: E731
     dout = randn(*q.shape, dtype=dtype)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        runs = [run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=True, **mods)
-                for _ in range(4)]
-        torch.cuda.synchronize()
-    assert any("bwd_kernel_sm90" in e.key for e in prof.key_averages()), "the Hopper backward did not run"
+    runs, ran = ran_kernel(lambda: [run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, deterministic=True,
+                                                 **mods) for _ in range(4)], "bwd_kernel_sm90")
+    assert ran, "the Hopper backward did not run"
     for grads in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads, runs[0])), "gradients differ between runs"
     ref, ref_pt = reference_grads(ref_fn, (q, k, v), dout)

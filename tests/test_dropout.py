@@ -10,7 +10,7 @@ from flash_attn2 import _dropout
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import attention_ref, attention_scores, max_error, reference_grads, within_tolerance
 
-from test_backward import check_grads, require_hopper_backward
+from test_backward import backward_on, check_grads, hopper_backward_built, ran_kernel, require_hopper_backward
 from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, varlen_inputs
 
 pytestmark = pytest.mark.gpu
@@ -70,7 +70,7 @@ def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, mo
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 17), (113, 203), (1023, 300), (300, 1023)])
-def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monkeypatch):
+def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend):
     """Both backwards redraw the forward's mask (the Hopper one on S^T at head dim <= 128 and, above it, on
     S by warpgroups of 40 / 32 keys, which only FLASH_ATTN2_BACKEND=sm90 runs yet; the SM80 one by 8-key
     halves): gradients against autograd of the reference built from the regenerated mask."""
@@ -83,15 +83,12 @@ def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend, monke
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
     out, lse = forward(q, k, v, causal, p, rng_state())
-    if backend != "default":  # the backward's path only
-        monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)
     grads = [poisoned(t.shape, t.dtype) for t in (q, k, v)]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False,
-                             *grads, dropout_p=p, rng_state=rng_state())
-        torch.cuda.synchronize()
-    if backend == "sm90":
-        assert any("bwd_kernel_sm90" in e.key for e in prof.key_averages()), "the Hopper backward did not run"
+    with backward_on(backend):
+        _, ran = ran_kernel(lambda: _flash_attn_backward(
+            dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False, *grads, dropout_p=p,
+            rng_state=rng_state()), "bwd_kernel_sm90")
+    assert ran or backend != "sm90", "the Hopper backward did not run"
     ref = dense_ref(q, k, causal, p)
     refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
     check_grads(grads, refs[1:], refs_pt[1:])
@@ -158,26 +155,23 @@ def test_dropout_reproducible():
     assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
 
 @pytest.mark.parametrize("backend", ["default", "sm80"])
-def test_deterministic_dropout(backend, monkeypatch):
+def test_deterministic_dropout(backend):
     """deterministic=True with dropout: bitwise-equal gradients run to run (on Hopper by default the Hopper
     backward's ordered adds, its kernel seen by the profiler; FLASH_ATTN2_BACKEND=sm80 the SM80 backward's split
     accumulators), and against the reference."""
     require_kernel(64, torch.bfloat16)
-    hopper = backend == "default" and torch.cuda.get_device_capability() == (9, 0) and \
-        "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
+    hopper = backend == "default" and hopper_backward_built(64, torch.bfloat16)
     p = 0.4
     q, k, v = dense_inputs(1, 700, 1000, 4, 2, 64, torch.bfloat16)
     out, lse = forward(q, k, v, True, p, rng_state())
-    if backend == "sm80":  # the backward's path only (an sm_90 build has no SM80 forward by default)
-        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
     dout = randn(*q.shape, dtype=q.dtype)
-    backward = lambda: _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.125, True,  # noqa: E731
-                                            True, dropout_p=p, rng_state=rng_state())
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        first = backward()
-        torch.cuda.synchronize()
-    ran_sm90 = any("bwd_kernel_sm90" in e.key for e in prof.key_averages())
-    assert ran_sm90 == hopper, "the Hopper backward ran" if ran_sm90 else "the Hopper backward did not run"
+
+    def backward():
+        with backward_on(backend):
+            return _flash_attn_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.125, True, True, dropout_p=p,
+                                        rng_state=rng_state())
+    first, ran = ran_kernel(backward, "bwd_kernel_sm90")
+    assert ran == hopper, "the Hopper backward ran" if ran else "the Hopper backward did not run"
     assert all(torch.equal(a, b) for a, b in zip(first, backward()))
     ref = dense_ref(q, k, True, p)
     refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
