@@ -140,19 +140,17 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
 
 // The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
 // FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the SM80 backward writes
-// the zero dK / dV), a dout whose strides TMA cannot take (zero, e.g. expanded over heads), dropout above
-// head dim 128 but for FLASH_ATTN2_BACKEND=sm90 (the wide Hopper kernels' dropout has not yet run against
-// the SM80 one's); else the SM80 one, built for every head dim. Deterministic mode stays on Hopper: its
+// the zero dK / dV) or a dout whose strides TMA cannot take (zero, e.g. expanded over heads); else the SM80
+// one, built for every head dim. Dropout stays on Hopper too: 1.40x faster than the SM80 one at head dim 256
+// (TUNING step 56). Deterministic mode stays on Hopper: its
 // key-block-ordered dQ adds cost 1.06-1.6x the default there, the SM80 backward's split accumulators 1.4-7x
 // (TUNING step 54). nullptr for a bad FLASH_ATTN2_BACKEND.
-BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, int bucket) {
+BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p) {
   std::string backend;
   if (!requested_backend(&backend)) return nullptr;
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
-  const bool sm90 = k.bwd_sm90 != nullptr && backend != "sm80" &&
-                    (p.dropout_p == 0.f || bwd_sm90_kernel_dim(bucket) <= 128 || backend == "sm90") &&
-                    tma_strides && p.total_q > 0 && device_is_sm90();
+  const bool sm90 = k.bwd_sm90 != nullptr && backend != "sm80" && tma_strides && p.total_q > 0 && device_is_sm90();
   return sm90 ? k.bwd_sm90 : k.bwd;
 }
 
@@ -257,7 +255,7 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   bool on_sm90 = false;
   if (bucket > 0) {
     const Kernels& k = kernels(bucket, p.dtype);
-    on_sm90 = k.bwd_sm90 != nullptr && pick_bwd(k, p, bucket) == k.bwd_sm90;
+    on_sm90 = k.bwd_sm90 != nullptr && pick_bwd(k, p) == k.bwd_sm90;
   }
   const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
   // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
@@ -288,7 +286,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
-  const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p, bucket);
+  const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p);
   if (bwd == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
   if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));

@@ -10,7 +10,7 @@ from flash_attn2 import _dropout
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import attention_ref, attention_scores, max_error, reference_grads, within_tolerance
 
-from test_backward import backward_on, check_grads, hopper_backward_built, ran_kernel, require_hopper_backward
+from test_backward import backward_on, check_grads, hopper_backward_built, ran_kernel
 from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, varlen_inputs
 
 pytestmark = pytest.mark.gpu
@@ -65,20 +65,16 @@ def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, mo
     check_out(out, lse, q, k, v, dense_ref(q, k, causal, p))
 
 
-@pytest.mark.parametrize("backend", ["default", "sm80", "sm90"])
+@pytest.mark.parametrize("backend", ["default", "sm80"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 160, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 17), (113, 203), (1023, 300), (300, 1023)])
 def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend):
     """Both backwards redraw the forward's mask (the Hopper one on S^T at head dim <= 128 and, above it, on
-    S by warpgroups of 40 / 32 keys, which only FLASH_ATTN2_BACKEND=sm90 runs yet; the SM80 one by 8-key
-    halves): gradients against autograd of the reference built from the regenerated mask."""
+    S by warpgroups of 40 / 32 keys; the SM80 one by 8-key halves): gradients against autograd of the
+    reference built from the regenerated mask. The default must run the Hopper kernel wherever it is built."""
     require_kernel(head_dim, dtype)
-    if backend == "sm90":
-        if head_dim <= 128:
-            pytest.skip("the default runs the Hopper backward's dropout at head dim <= 128")
-        require_hopper_backward(head_dim, dtype)
     p = 0.3
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
     dout = randn(*q.shape, dtype=dtype)
@@ -88,7 +84,7 @@ def test_bwd_dropout(seqlen_q, seqlen_k, causal, head_dim, dtype, backend):
         _, ran = ran_kernel(lambda: _flash_attn_backward(
             dout, q, k, v, out, lse, None, None, 0, 0, q.shape[-1] ** -0.5, causal, False, *grads, dropout_p=p,
             rng_state=rng_state()), "bwd_kernel_sm90")
-    assert ran or backend != "sm90", "the Hopper backward did not run"
+    assert ran == (backend == "default" and hopper_backward_built(head_dim, dtype)), "ran the wrong backward"
     ref = dense_ref(q, k, causal, p)
     refs, refs_pt = reference_grads(lambda q, k, v, up: ref(q, k, v, up)[0], (q, k, v), dout)
     check_grads(grads, refs[1:], refs_pt[1:])

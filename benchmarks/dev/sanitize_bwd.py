@@ -1,7 +1,7 @@
 # A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi, dropout; GQA 8:2, whose few key
 # blocks split the query heads over 4 blocks on the Hopper path) for compute-sanitizer; deterministic mode and
-# dropout on the default path and on the Hopper one (FLASH_ATTN2_BACKEND=sm90: above head dim 128 the wide
-# kernels' dropout, which the default does not run yet).
+# dropout on the default backward (the Hopper one on sm_90) and, on Hopper, on the SM80 one too
+# (FLASH_ATTN2_BACKEND=sm80 for the backward alone: a default sm_90 build has no SM80 forward).
 import torch
 from flash_attn2 import flash_attn_func, flash_attn_varlen_func
 from flash_attn2.benchmark import forward_backend
@@ -21,16 +21,18 @@ for d in (64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 o
         def extra(heads):
             return dict(softcap=softcap, dropout_p=p, deterministic=det,
                         alibi_slopes=torch.rand(heads, device="cuda") if alibi else None)
-        for backend in ((None, "sm90") if (det or p > 0) and hopper else (None,)):
+        for backend in ((None, "sm80") if (det or p > 0) and hopper else (None,)):
+            q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(2))
+            out = flash_attn_func(q, k, v, causal=causal, window_size=window, **extra(8))
             with forward_backend(backend):
-                q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                        for _ in range(2))
-                flash_attn_func(q, k, v, causal=causal, window_size=window, **extra(8)).sum().backward()
-                cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
-                qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                              for _ in range(3))
-                flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window,
-                                       **extra(4)).sum().backward()
+                out.sum().backward()
+            cu = torch.tensor([0, 17, 300, 450], device="cuda", dtype=torch.int32)
+            qv, kv, vv = (torch.randn(450, 4, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                          for _ in range(3))
+            out = flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra(4))
+            with forward_backend(backend):
+                out.sum().backward()
 torch.cuda.synchronize()
 print("small: ok")

@@ -79,7 +79,6 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Traits = BwdTraitsSm90For<kHeadDim, ElementOf<kDType>>;
   using TraitsExtended = std::conditional_t<kHeadDim == 64, BwdTraitsSm90<64, ElementOf<kDType>, 64>, Traits>;
-  // pick_bwd sends dropout above head dim 128 here only with FLASH_ATTN2_BACKEND=sm90 (not yet measured).
   if (p.dropout_p > 0.f) return launch_bwd_sm90_traits<TraitsExtended, true, true>(p, stream);
   return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, stream)
                          : launch_bwd_sm90_traits<Traits, false>(p, stream);
