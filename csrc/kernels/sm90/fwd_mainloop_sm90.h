@@ -232,6 +232,20 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   auto turn_end = [&] {
     if constexpr (Traits::kPingPong) named_barrier_arrive(256, int(Barrier::kWarpgroup0) + (warpgroup + 1) % kGroups);
   };
+  // Dropout's keep bits for block n, one per score, drawn after the block's GEMMs are issued and before
+  // waiting for S: the Philox rounds run while the tensor cores do, off the softmax's critical path. Only
+  // where registers allow: three consumer warpgroups (d 64) or O's 96-128 registers (d >= 192) spill more
+  // and lose to the draw after the row sums (TUNING 57).
+  constexpr bool kDrawEarly = kDropout && Traits::kConsumerWarpgroups == 2 && Traits::kHeadDim <= 128;
+  constexpr int kKeyBlocks = kBlockN / 16, kBitWords = (kKeyBlocks + 3) / 4;
+  static_assert(kBlockN % 16 == 0 && decltype(size<0>(S))::value == 2, "one 16-row tile per warp, whole 16-key blocks");
+  uint32_t keep_bits[kBitWords];
+  auto draw_keep_bits = [&](int n_block) CUTLASS_LAMBDA_FUNC_INLINE {
+    if constexpr (kDrawEarly) {
+      dropout.draw_bits</*kTransposed=*/false, kKeyBlocks>(keep_bits, (m_block * kBlockM + get<0>(tScS(0, 0))) >> 4,
+                                                           n_block * kBlockN / 16);
+    }
+  };
   auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
     if constexpr (kExtended) {
       if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
@@ -240,7 +254,15 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     softmax.update_scores(S, correction);
     // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
-    if constexpr (kDropout) dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    if constexpr (kDrawEarly) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(S); ++c) {
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) S(h, c) = Dropout::kept_bit<kKeyBlocks>(keep_bits, c / 4, h, c % 4) ? S(h, c) : 0.f;
+      }
+    } else if constexpr (kDropout) {
+      dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+    }
   };
   // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -248,6 +270,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     issue_qk();
     issue_pv();
     turn_end();
+    draw_keep_bits(n_block);
     warpgroup_wait<1>();  // S is done
     release(smem.k_empty, k_state);
     // Both edges want two bounds per row: P V goes first, so that P's registers are free for them.
@@ -275,6 +298,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     turn_begin();
     issue_qk();
     turn_end();
+    draw_keep_bits(n_block);
     warpgroup_wait<0>();
     release(smem.k_empty, k_state);
     if (n_block >= blocks.n_masked_min) {
