@@ -1,7 +1,7 @@
 """Builds flash_attn2's CUDA extension (flash_attn2_cuda) with torch.utils.cpp_extension and ninja.
 
 Knobs (environment variables, see README): FLASH_ATTN2_CUDA_ARCHS, FLASH_ATTN2_HEAD_DIMS,
-FLASH_ATTN2_DTYPES, FLASH_ATTN2_SM80_FWD, FLASH_ATTN2_COMPACT_TILES, MAX_JOBS, CUTLASS_DIR, CUDA_HOME.
+FLASH_ATTN2_DTYPES, FLASH_ATTN2_SM80, FLASH_ATTN2_COMPACT_TILES, MAX_JOBS, CUTLASS_DIR, CUDA_HOME.
 """
 
 import importlib.util
@@ -37,6 +37,7 @@ def _extension_and_cmdclass():
         if torch.cuda.is_available():
             visible = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
         archs = cfg.selected_archs(os.environ, visible)
+        paths = cfg.kernel_paths(archs)
         # torch has libstdc++ loaded by now; cpp_extension links with CXX (else c++).
         link_args = cfg.libstdcxx_link_args(cfg.toolchain_libstdcxx_so(os.environ.get("CXX", "c++")),
                                             cfg.loaded_library("libstdc++.so.6"))
@@ -45,10 +46,9 @@ def _extension_and_cmdclass():
 
     os.environ["MAX_JOBS"] = str(cfg.max_jobs())
     built = ";".join(cfg.built_arch_names(archs))
-    fwd_paths = cfg.forward_paths(archs)
     compact_tiles = cfg.compact_tiles(archs)
     compact = f"-DFLASH_ATTN2_COMPACT_TILES={int(compact_tiles)}"
-    print(f"flash_attn2 build: archs {built}; forward {'+'.join(fwd_paths)}; compact tiles {compact_tiles}; "
+    print(f"flash_attn2 build: archs {built}; paths {'+'.join(paths)}; compact tiles {compact_tiles}; "
           f"head dims {head_dims}; dtypes {dtypes}; "
           f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}"
           + (f"; libstdc++ from {link_args[0]} (the compiler has only a static one)" if link_args else ""))
@@ -56,11 +56,11 @@ def _extension_and_cmdclass():
     ext = cpp_extension.CUDAExtension(
         name="flash_attn2_cuda",
         sources=[os.path.join(CSRC, "flash_api.cpp"), os.path.join(CSRC, "dispatch.cpp")]
-        + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes, fwd_paths)],
+        + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes, paths)],
         include_dirs=[os.path.join(ROOT, CSRC, "include"), os.path.join(ROOT, CSRC, "kernels"), cutlass_include],
         extra_compile_args={
             "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"', compact]
-            + cfg.kernel_definitions(head_dims, dtypes, fwd_paths),
+            + cfg.kernel_definitions(head_dims, dtypes, paths),
             "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills", compact]
             + cfg.gencode_flags(archs),
         },

@@ -18,9 +18,9 @@
 #if !defined(FLASH_ATTN2_COMPILED_HEAD_DIMS) || !defined(FLASH_ATTN2_COMPILED_FP16) || !defined(FLASH_ATTN2_COMPILED_BF16)
 #error "the build defines FLASH_ATTN2_COMPILED_HEAD_DIMS (e.g. 64,128), FLASH_ATTN2_COMPILED_FP16 and _BF16 (0 or 1)"
 #endif
-// ... and which forward paths: SM80 (mma.sync, any sm_80+ GPU) and Hopper (sm_90a).
-#if !defined(FLASH_ATTN2_COMPILED_SM80_FWD) || !defined(FLASH_ATTN2_COMPILED_SM90_FWD)
-#error "the build defines FLASH_ATTN2_COMPILED_SM80_FWD and FLASH_ATTN2_COMPILED_SM90_FWD (0 or 1)"
+// ... and which paths, forward and backward: SM80 (mma.sync, any sm_80+ GPU) and Hopper (sm_90a).
+#if !defined(FLASH_ATTN2_COMPILED_SM80) || !defined(FLASH_ATTN2_COMPILED_SM90)
+#error "the build defines FLASH_ATTN2_COMPILED_SM80 and FLASH_ATTN2_COMPILED_SM90 (0 or 1)"
 #endif
 
 namespace flash_attn2 {
@@ -43,29 +43,27 @@ constexpr bool compiled(int head_dim, DType dtype) {
 }
 
 struct Kernels {
-  FwdLauncher fwd_sm80;
-  FwdLauncher fwd_sm90;
-  BwdLauncher bwd;
-  BwdLauncher bwd_sm90;
+  FwdLauncher fwd_sm80 = nullptr;
+  FwdLauncher fwd_sm90 = nullptr;
+  BwdLauncher bwd_sm80 = nullptr;
+  BwdLauncher bwd_sm90 = nullptr;
 };
 
 // Naming launch_fwd<D, T> instantiates nothing here: the reference binds to the explicit instantiation
-// in csrc/instantiations/, and only compiled pairs are named.
+// in csrc/instantiations/, and only compiled pairs are named (a Hopper build holds the backward kernel
+// serving each compiled head dim: bwd_sm90_kernel_dim).
 template <int kHeadDim, DType kDType>
 constexpr Kernels kernels_for() {
-  if constexpr (compiled(kHeadDim, kDType)) {
-    FwdLauncher fwd_sm80 = nullptr, fwd_sm90 = nullptr;
-    if constexpr (FLASH_ATTN2_COMPILED_SM80_FWD) fwd_sm80 = &launch_fwd<kHeadDim, kDType>;
-    if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD) fwd_sm90 = &launch_fwd_sm90<kHeadDim, kDType>;
-    BwdLauncher bwd_sm90 = nullptr;
-    constexpr int kBwdSm90 = bwd_sm90_kernel_dim(kHeadDim);
-    if constexpr (FLASH_ATTN2_COMPILED_SM90_FWD && kBwdSm90 != 0 && compiled(kBwdSm90, kDType)) {
-      bwd_sm90 = &launch_bwd_sm90<kBwdSm90, kDType>;
-    }
-    return {fwd_sm80, fwd_sm90, &launch_bwd<kHeadDim, kDType>, bwd_sm90};
-  } else {
-    return {nullptr, nullptr, nullptr, nullptr};
+  Kernels k;
+  if constexpr (compiled(kHeadDim, kDType) && FLASH_ATTN2_COMPILED_SM80) {
+    k.fwd_sm80 = &launch_fwd<kHeadDim, kDType>;
+    k.bwd_sm80 = &launch_bwd<kHeadDim, kDType>;
   }
+  if constexpr (compiled(kHeadDim, kDType) && FLASH_ATTN2_COMPILED_SM90) {
+    k.fwd_sm90 = &launch_fwd_sm90<kHeadDim, kDType>;
+    k.bwd_sm90 = &launch_bwd_sm90<bwd_sm90_kernel_dim(kHeadDim), kDType>;
+  }
+  return k;
 }
 
 template <DType kDType, size_t... kBucket>
@@ -132,26 +130,40 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
     why = "FLASH_ATTN2_BACKEND=sm90, but the Hopper forward was not built or the GPU is not sm_90";
   } else {
     fwd = k.fwd_sm80;
-    why = "FLASH_ATTN2_BACKEND=sm80, but the SM80 forward was not built (FLASH_ATTN2_SM80_FWD=1)";
+    why = "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)";
   }
   if (fwd == nullptr) fail(*err, std::move(why));
   return fwd;
 }
 
-// The backward kernel for this call: the Hopper one on an sm_90 GPU where built for this head dim, but for
-// FLASH_ATTN2_BACKEND=sm80, no query rows (TMA descriptors need nonzero extents; the SM80 backward writes
-// the zero dK / dV) or a dout whose strides TMA cannot take (zero, e.g. expanded over heads); else the SM80
-// one, built for every head dim. Dropout stays on Hopper too: 1.40x faster than the SM80 one at head dim 256
-// (TUNING step 56). Deterministic mode stays on Hopper: its
-// key-block-ordered dQ adds cost 1.06-1.6x the default there, the SM80 backward's split accumulators 1.4-7x
-// (TUNING step 54). nullptr for a bad FLASH_ATTN2_BACKEND.
-BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p) {
-  std::string backend;
-  if (!requested_backend(&backend)) return nullptr;
+// Whether the Hopper backward serves p: on an sm_90 GPU where built, unless FLASH_ATTN2_BACKEND=sm80 or dout's
+// strides are ones TMA cannot take (zero where the extent is > 1, e.g. expanded over heads; the torch op
+// copies such a dout). Dropout and deterministic mode stay on it: 1.40x faster than the SM80 backward's
+// dropout at head dim 256 (TUNING step 56); its key-block-ordered dQ adds cost 1.06-1.6x the default, the
+// SM80 one's split accumulators 1.4-7x (step 54).
+bool bwd_on_sm90(const Kernels& k, const BwdParams& p, const std::string& backend) {
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
-  const bool sm90 = k.bwd_sm90 != nullptr && backend != "sm80" && tma_strides && p.total_q > 0 && device_is_sm90();
-  return sm90 ? k.bwd_sm90 : k.bwd;
+  return k.bwd_sm90 != nullptr && backend != "sm80" && tma_strides && device_is_sm90();
+}
+
+// The backward kernel for this call: the Hopper one where bwd_on_sm90, else the SM80 one. nullptr when
+// neither can serve it, with last_error saying why and *err the code.
+BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, cudaError_t* err) {
+  std::string backend;
+  *err = cudaErrorInvalidValue;
+  if (!requested_backend(&backend)) return nullptr;
+  if (bwd_on_sm90(k, p, backend)) return k.bwd_sm90;
+  if (k.bwd_sm80 != nullptr) return k.bwd_sm80;
+  if (backend == "sm80" || k.bwd_sm90 == nullptr || !device_is_sm90()) {
+    *err = cudaErrorNotSupported;
+    fail(*err, backend == "sm80" ? "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)"
+                                 : "no backward kernel for this GPU");
+  } else {
+    fail(*err, "dout's row, head and batch strides must be nonzero where it has more than one row, head or "
+               "batch: the Hopper backward reads it by TMA, and this build has no SM80 backward");
+  }
+  return nullptr;
 }
 
 // Why p cannot be run, or "" when it can.
@@ -213,7 +225,7 @@ const char* last_error_message() { return last_error.c_str(); }
 int fwd_head_dim_bucket(int head_dim, DType dtype) {
   if ((dtype != DType::kFloat16 && dtype != DType::kBFloat16) || head_dim <= 0) return 0;
   for (int bucket = kBucketStep; bucket <= kNumBuckets * kBucketStep; bucket += kBucketStep) {
-    if (bucket >= head_dim && kernels(bucket, dtype).bwd != nullptr) return bucket;
+    if (bucket >= head_dim && compiled(bucket, dtype)) return bucket;
   }
   return 0;
 }
@@ -252,11 +264,8 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   // Deterministic mode's split accumulators only where the SM80 backward will run them.
-  bool on_sm90 = false;
-  if (bucket > 0) {
-    const Kernels& k = kernels(bucket, p.dtype);
-    on_sm90 = k.bwd_sm90 != nullptr && pick_bwd(k, p) == k.bwd_sm90;
-  }
+  std::string backend;
+  const bool on_sm90 = bucket > 0 && requested_backend(&backend) && bwd_on_sm90(kernels(bucket, p.dtype), p, backend);
   const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
   // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
   const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
@@ -286,10 +295,12 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
-  const BwdLauncher bwd = pick_bwd(kernels(bucket, p.dtype), p);
-  if (bwd == nullptr) return cudaErrorInvalidValue;
-  if (cudaError_t err = launch_bwd_preprocess(p, stream)) return fail(err, cudaGetErrorString(err));
-  if (cudaError_t err = bwd(p, stream)) return fail(err, cudaGetErrorString(err));
+  // With no query rows the preprocess alone writes the (zero) dK and dV: TMA descriptors need nonzero extents.
+  BwdLauncher bwd = nullptr;
+  cudaError_t err = cudaSuccess;
+  if (p.total_q > 0 && (bwd = pick_bwd(kernels(bucket, p.dtype), p, &err)) == nullptr) return err;
+  if ((err = launch_bwd_preprocess(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  if (bwd != nullptr && (err = bwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

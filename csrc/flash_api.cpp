@@ -150,11 +150,11 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
 }
 
 // The kernels read 16-byte vectors: a contiguous last dim, other strides in multiples of 8 elements, a
-// 16-byte aligned base.
+// 16-byte aligned base; the Hopper ones by TMA, which takes no zero stride (an expanded tensor) either.
 bool aligned(const Tensor& t) {
   if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   for (int64_t i = 0; i + 1 < t.dim(); ++i) {
-    if (t.stride(i) % 8 != 0 && t.size(i) > 1) return false;
+    if ((t.stride(i) % 8 != 0 || t.stride(i) == 0) && t.size(i) > 1) return false;
   }
   return true;
 }
@@ -629,4 +629,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);
   m.attr("compact_tiles") = bool(FLASH_ATTN2_COMPACT_TILES);
+  m.attr("sm80_built") = bool(FLASH_ATTN2_COMPILED_SM80);  // the SM80 path (FLASH_ATTN2_SM80=1 on sm_90 builds)
 }

@@ -16,7 +16,7 @@ DTYPES = ("fp16", "bf16")
 MIN_ARCH = 80  # the kernels use SM80 tensor-core MMA (mma.sync), valid on sm_80 and newer
 DEFAULT_ARCHS = ("80", "90")  # with PTX for the newest, when no GPU is visible at build time
 HOPPER = "90"  # the arch of the sm_90a forward (csrc/kernels/sm90/)
-BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the Hopper backward's, built with the Hopper forward (registry.h: has_bwd_sm90)
+BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the Hopper backward's kernels (registry.h: has_bwd_sm90)
 GB = 1 << 30
 # Peak resident memory of one nvcc job, nvcc 13.0: the largest SM80 kernel file (head dim 256, two tiles)
 # peaked at 3.5 GB; the Hopper forward files at 2.0-2.4 GB (head dim 128-256, sm_90a); a backward file with
@@ -121,16 +121,25 @@ def _available_memory() -> int | None:
     return None
 
 
-def forward_paths(archs: list[str], env=os.environ) -> list[str]:
-    """Which forward kernels to build: "sm90" (TMA + wgmma) for an sm_90 target, "sm80" (mma.sync) for every
-    other target, and on an sm_90-only build too when FLASH_ATTN2_SM80_FWD=1 (comparison, fallback)."""
+def kernel_paths(archs: list[str], env=os.environ) -> list[str]:
+    """Which kernel paths to build, forward and backward alike: "sm90" (TMA + wgmma) for an sm_90 target,
+    "sm80" (mma.sync) for every other target, and on an sm_90-only build too when FLASH_ATTN2_SM80=1
+    (comparison, fallback)."""
+    if env.get("FLASH_ATTN2_SM80_FWD", "").strip():
+        raise ValueError("FLASH_ATTN2_SM80_FWD is now FLASH_ATTN2_SM80 (it adds the SM80 forward and backward)")
     nums = [a.replace("+PTX", "") for a in archs]
     paths = []
-    if any(n != HOPPER for n in nums) or env.get("FLASH_ATTN2_SM80_FWD", "0") not in ("", "0"):
+    if any(n != HOPPER for n in nums) or env.get("FLASH_ATTN2_SM80", "0") not in ("", "0"):
         paths.append("sm80")
     if HOPPER in nums:
         paths.append("sm90")
     return paths
+
+
+def bwd_sm90_kernel_dim(head_dim: int) -> int:
+    """The Hopper backward kernel serving a head dim: its own, or for 160 and 224 the 192 / 256 one
+    (registry.h: bwd_sm90_kernel_dim)."""
+    return next(d for d in BWD_SM90_HEAD_DIMS if d >= head_dim)
 
 
 def compact_tiles(archs: list[str], env=os.environ) -> bool:
@@ -144,25 +153,28 @@ def compact_tiles(archs: list[str], env=os.environ) -> bool:
     return any(arch != HOPPER for arch in archs)
 
 
-def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], fwd_paths=("sm80",)) -> list[str]:
-    """One file per (direction, head dim, dtype[, arch]); the backward's dtype-generic helpers are always built."""
-    suffixes = {"sm80": "", "sm90": "_sm90"}
-    files = [os.path.join(csrc, "instantiations", f"fwd_hdim{d}_{t}{suffixes[path]}.cu")
-             for path in fwd_paths for d in head_dims for t in dtypes]
-    files += [os.path.join(csrc, "instantiations", f"bwd_hdim{d}_{t}.cu") for d in head_dims for t in dtypes]
-    if "sm90" in fwd_paths:
-        files += [os.path.join(csrc, "instantiations", f"bwd_hdim{d}_{t}_sm90.cu")
-                  for d in head_dims if d in BWD_SM90_HEAD_DIMS for t in dtypes]
+def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:
+    """One file per (direction, head dim, dtype[, arch]) of each path, the Hopper backward's for the kernels
+    that serve the head dims; the backward's dtype-generic helpers are always built."""
+    def file(direction, d, t, suffix=""):
+        return os.path.join(csrc, "instantiations", f"{direction}_hdim{d}_{t}{suffix}.cu")
+    files = []
+    if "sm80" in paths:
+        files += [file(direction, d, t) for direction in ("fwd", "bwd") for d in head_dims for t in dtypes]
+    if "sm90" in paths:
+        files += [file("fwd", d, t, "_sm90") for d in head_dims for t in dtypes]
+        files += [file("bwd", d, t, "_sm90") for d in sorted({bwd_sm90_kernel_dim(d) for d in head_dims})
+                  for t in dtypes]
     return files + [os.path.join(csrc, "bwd_aux.cu")]
 
 
-def kernel_definitions(head_dims: list[int], dtypes: list[str], fwd_paths=("sm80",)) -> list[str]:
+def kernel_definitions(head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:
     """Compile definitions naming the instantiated kernels for dispatch.cpp's table (CMakeLists.txt mirrors it)."""
     return [f"-DFLASH_ATTN2_COMPILED_HEAD_DIMS={','.join(map(str, head_dims))}",
             f"-DFLASH_ATTN2_COMPILED_FP16={int('fp16' in dtypes)}",
             f"-DFLASH_ATTN2_COMPILED_BF16={int('bf16' in dtypes)}",
-            f"-DFLASH_ATTN2_COMPILED_SM80_FWD={int('sm80' in fwd_paths)}",
-            f"-DFLASH_ATTN2_COMPILED_SM90_FWD={int('sm90' in fwd_paths)}"]
+            f"-DFLASH_ATTN2_COMPILED_SM80={int('sm80' in paths)}",
+            f"-DFLASH_ATTN2_COMPILED_SM90={int('sm90' in paths)}"]
 
 
 class PreflightError(RuntimeError):

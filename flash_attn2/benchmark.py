@@ -32,7 +32,7 @@ SDPA_BACKENDS = {
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-# flash_attn2 with its default forward, and its SM80 forward where a build has both (FLASH_ATTN2_SM80_FWD=1).
+# flash_attn2 on its default path, and on its SM80 one where a build has both (FLASH_ATTN2_SM80=1).
 FLASH_ATTN2_BACKENDS = {"flash_attn2": None, "flash_attn2_sm80": "sm80"}
 IMPLS = (*FLASH_ATTN2_BACKENDS, *SDPA_BACKENDS)
 PASSES = ("fwd", "bwd", "fwd_bwd")

@@ -182,7 +182,7 @@ def test_signatures_match_flash_attn():
 
 @pytest.mark.gpu
 def test_forward_backend_knob(monkeypatch):
-    """FLASH_ATTN2_BACKEND picks the forward path per call; a path this build or GPU cannot serve raises
+    """FLASH_ATTN2_BACKEND picks the path per call; a path this build or GPU cannot serve raises
     NotImplementedError naming the knob, a bad value RuntimeError; every path computes the same output."""
     dtype = torch.bfloat16 if flash_attn2.compiled_head_dims(torch.bfloat16) else torch.float16
     head_dim = flash_attn2.compiled_head_dims(dtype)[0]
@@ -198,11 +198,16 @@ def test_forward_backend_knob(monkeypatch):
             with pytest.raises(NotImplementedError, match="FLASH_ATTN2_BACKEND=sm90"):
                 flash_attn2.flash_attn_func(q, k, v, causal=True)
             continue
-        try:
-            out = flash_attn2.flash_attn_func(q, k, v, causal=True)
-        except NotImplementedError as e:  # only the SM80 forward may be missing (sm_90 builds without FLASH_ATTN2_SM80_FWD)
-            assert backend == "sm80" and sm90_served and "FLASH_ATTN2_SM80_FWD=1" in str(e)
+        if backend == "sm80" and not flash_attn2._ops.ext.sm80_built:  # sm_90 builds without FLASH_ATTN2_SM80
+            with pytest.raises(NotImplementedError, match=r"FLASH_ATTN2_BACKEND=sm80, .*FLASH_ATTN2_SM80=1"):
+                flash_attn2.flash_attn_func(q, k, v, causal=True)
+            monkeypatch.delenv("FLASH_ATTN2_BACKEND")
+            out = flash_attn2.flash_attn_func(q.clone().requires_grad_(), k, v, causal=True)
+            monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+            with pytest.raises(NotImplementedError, match=r"FLASH_ATTN2_BACKEND=sm80, .*FLASH_ATTN2_SM80=1"):
+                out.sum().backward()
             continue
+        out = flash_attn2.flash_attn_func(q, k, v, causal=True)
         torch.testing.assert_close(out, default, atol=2e-2, rtol=0)
 
 

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import flash_attn2
-from flash_attn2._build_config import BWD_SM90_HEAD_DIMS
 from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
 from flash_attn2.testing import GRAD_ATOL, attention_ref, attention_ref_varlen, reference_grads, within_tolerance
 
 from test_forward import (DTYPES, HEAD_DIMS, SEQLENS, VARLEN_SEQLENS, dense_inputs, poisoned, randn,
-                          require_kernel, varlen_inputs)
+                          require_kernel, require_sm80, varlen_inputs)
 
 pytestmark = pytest.mark.gpu
 
@@ -23,11 +22,11 @@ def check_grads(grads, ref, ref_pt):
 
 
 def hopper_backward_built(head_dim, dtype):
-    """Whether this GPU and build run the Hopper backward at head_dim (160 and 224 run on the 192 and 256
-    kernels, zero-padded, which the build must hold too)."""
+    """Whether this GPU and build run the Hopper backward at head_dim (a Hopper build holds the kernel serving
+    each compiled head dim: 160 and 224 run on the 192 and 256 ones, zero-padded)."""
     if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
         return False
-    return next(d for d in BWD_SM90_HEAD_DIMS if d >= head_dim) in flash_attn2.compiled_head_dims(dtype)
+    return next(d for d in HEAD_DIMS if d >= head_dim) in flash_attn2.compiled_head_dims(dtype)
 
 
 def require_hopper_backward(head_dim, dtype):
@@ -45,8 +44,10 @@ def ran_kernel(fn, name):
 
 @contextlib.contextmanager
 def backward_on(backend):
-    """FLASH_ATTN2_BACKEND=backend ("default": unset) for the backward alone: a build for sm_90 has no SM80
-    forward unless FLASH_ATTN2_SM80_FWD=1, and the variable is read on every call."""
+    """FLASH_ATTN2_BACKEND=backend ("default": unset) for the backward alone (the variable is read on every
+    call); "sm80" skips the test where the build has no SM80 path."""
+    if backend == "sm80":
+        require_sm80()
     with pytest.MonkeyPatch.context() as patch:
         if backend != "default":
             patch.setenv("FLASH_ATTN2_BACKEND", backend)
@@ -104,6 +105,7 @@ def test_sm80_backward_head_splits(causal, varlen, head_dim, monkeypatch):
     dims): the query heads split over several blocks per key block, dK / dV through fp32 accumulators."""
     dtype = torch.bfloat16
     require_kernel(head_dim, dtype)
+    require_sm80()
 
     def sm80_backward():
         monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
@@ -131,6 +133,8 @@ def test_bwd_l2_head_splits(backend, monkeypatch):
     conversion running."""
     dtype, seqlen = torch.bfloat16, 10000
     require_kernel(256, dtype)
+    if backend == "sm80":
+        require_sm80()
 
     def set_backend():
         if backend != "default":

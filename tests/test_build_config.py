@@ -48,7 +48,7 @@ def test_max_jobs_respects_cores_and_memory():
 def test_kernel_sources_exist():
     sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), cfg.selected_head_dims({}), cfg.selected_dtypes({}),
                                  ("sm80", "sm90"))
-    # SM80 and Hopper forward and SM80 backward per (head dim, dtype), the Hopper backward at its head dims.
+    # SM80 forward and backward and Hopper forward per (head dim, dtype), the Hopper backward at its head dims.
     assert len(sources) == 3 * 16 + 2 * len(cfg.BWD_SM90_HEAD_DIMS) + 1 and all(os.path.isfile(s) for s in sources)
 
 
@@ -84,19 +84,27 @@ def test_cutlass_include_dir(tmp_path):
 
 @pytest.mark.parametrize("archs, env, paths", [
     (["90"], {}, ["sm90"]),
-    (["90"], {"FLASH_ATTN2_SM80_FWD": "1"}, ["sm80", "sm90"]),
+    (["90"], {"FLASH_ATTN2_SM80": "1"}, ["sm80", "sm90"]),
     (["80", "90+PTX"], {}, ["sm80", "sm90"]),
     (["80"], {}, ["sm80"]),
-    (["86", "89"], {"FLASH_ATTN2_SM80_FWD": "0"}, ["sm80"]),
+    (["86", "89"], {"FLASH_ATTN2_SM80": "0"}, ["sm80"]),
     (["100"], {}, ["sm80"]),
 ])
-def test_forward_paths(archs, env, paths):
-    assert cfg.forward_paths(archs, env) == paths
-    sources = cfg.kernel_sources("csrc", [64], ["bf16"], paths)
-    assert any(s.endswith("fwd_hdim64_bf16_sm90.cu") for s in sources) == ("sm90" in paths)
-    assert any(s.endswith("fwd_hdim64_bf16.cu") for s in sources) == ("sm80" in paths)
+def test_kernel_paths(archs, env, paths):
+    assert cfg.kernel_paths(archs, env) == paths
+    sources = cfg.kernel_sources("csrc", [64, 160], ["bf16"], paths)
+    for name, path in (("fwd_hdim64_bf16_sm90", "sm90"), ("bwd_hdim64_bf16_sm90", "sm90"), ("fwd_hdim64_bf16", "sm80"),
+                       ("bwd_hdim64_bf16", "sm80"), ("bwd_hdim192_bf16_sm90", "sm90")):  # 160 runs the 192 kernel
+        assert any(s.endswith(f"/{name}.cu") for s in sources) == (path in paths), name
+    assert not any(s.endswith("bwd_hdim160_bf16_sm90.cu") for s in sources)
     defs = cfg.kernel_definitions([64], ["bf16"], paths)
-    assert f"-DFLASH_ATTN2_COMPILED_SM90_FWD={int('sm90' in paths)}" in defs
+    assert f"-DFLASH_ATTN2_COMPILED_SM80={int('sm80' in paths)}" in defs
+    assert f"-DFLASH_ATTN2_COMPILED_SM90={int('sm90' in paths)}" in defs
+
+
+def test_old_sm80_knob_says_its_new_name():
+    with pytest.raises(ValueError, match="FLASH_ATTN2_SM80_FWD is now FLASH_ATTN2_SM80"):
+        cfg.kernel_paths(["90"], {"FLASH_ATTN2_SM80_FWD": "1"})
 
 
 @pytest.mark.parametrize("archs,env,compact", [

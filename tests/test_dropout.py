@@ -11,7 +11,7 @@ from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_f
 from flash_attn2.testing import attention_ref, attention_scores, max_error, reference_grads, within_tolerance
 
 from test_backward import backward_on, check_grads, hopper_backward_built, ran_kernel
-from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, varlen_inputs
+from test_forward import DTYPES, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, require_sm80, varlen_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -56,12 +56,9 @@ def test_fwd_dropout(p, seqlen_q, seqlen_k, causal, head_dim, dtype, backend, mo
     require_kernel(head_dim, dtype)
     q, k, v = dense_inputs(2, seqlen_q, seqlen_k, 8, 4, head_dim, dtype)
     if backend == "sm80":
+        require_sm80()
         monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
-    try:
-        out, lse = forward(q, k, v, causal, p, rng_state())
-    except NotImplementedError as e:
-        assert backend == "sm80" and "FLASH_ATTN2_SM80_FWD=1" in str(e)
-        pytest.skip("this build has no SM80 forward (FLASH_ATTN2_SM80_FWD=1 adds it on sm_90)")
+    out, lse = forward(q, k, v, causal, p, rng_state())
     check_out(out, lse, q, k, v, dense_ref(q, k, causal, p))
 
 

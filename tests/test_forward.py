@@ -24,6 +24,12 @@ def require_kernel(head_dim, dtype):
         pytest.skip(f"head dim {bucket} {dtype} not compiled (FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES)")
 
 
+def require_sm80():
+    """The SM80 path, forward and backward: every build but an sm_90-only one without FLASH_ATTN2_SM80=1."""
+    if not flash_attn2._ops.ext.sm80_built:
+        pytest.skip("this build has no SM80 path (FLASH_ATTN2_SM80=1 adds it on sm_90)")
+
+
 def randn(*shape, dtype):
     return torch.randn(*shape, device="cuda", dtype=dtype)
 

@@ -8,7 +8,7 @@ import torch
 import flash_attn2
 from flash_attn2.testing import attention_ref, attention_ref_varlen, reference_grads
 
-from test_forward import DTYPES, HEAD_DIMS, dense_inputs, randn, require_kernel, varlen_inputs
+from test_forward import DTYPES, HEAD_DIMS, dense_inputs, randn, require_kernel, require_sm80, varlen_inputs
 from test_backward import check_grads
 from test_window import backward, check_out, check_public_deterministic, forward
 
@@ -92,20 +92,16 @@ def test_mod_window_varlen(alibi, head_dim, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mod", ["softcap5", "alibi_per_batch"])
 def test_mod_sm80(mod, causal, head_dim, monkeypatch):
-    """The SM80 kernels forced: the backward always, the forward where this build has it."""
+    """The SM80 kernels forced, forward and backward."""
     dtype = torch.bfloat16
     require_kernel(head_dim, dtype)
+    require_sm80()
     q, k, v, kwargs = mod_inputs(mod, 300, 1023, 4, head_dim, dtype)
     monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
-    try:
-        out, lse = forward(q, k, v, None, None, 300, 1023, causal, (-1, -1), **kwargs)
-        check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, **kwargs))
-    except NotImplementedError as e:
-        assert "FLASH_ATTN2_SM80_FWD=1" in str(e)
-    monkeypatch.delenv("FLASH_ATTN2_BACKEND")
+    out, lse = forward(q, k, v, None, None, 300, 1023, causal, (-1, -1), **kwargs)
+    check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, **kwargs))
     dout = randn(*q.shape, dtype=dtype)
-    grads = backward(q, k, v, dout, None, None, 300, 1023, causal, (-1, -1), **kwargs,
-                     before_backward=lambda: monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80"))
+    grads = backward(q, k, v, dout, None, None, 300, 1023, causal, (-1, -1), **kwargs)
     ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, **kwargs)[0],
                                   (q, k, v), dout)
     check_grads(grads, ref[1:], ref_pt[1:])

@@ -97,21 +97,16 @@ def test_window_varlen(causal, window, head_dim, dtype):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
 def test_window_sm80(causal, window, head_dim, monkeypatch):
-    """The SM80 kernels forced (on sm_90 the Hopper ones serve these head dims): the backward always, the
-    forward where this build has it (sm_90-only builds have it with FLASH_ATTN2_SM80_FWD=1)."""
+    """The SM80 kernels forced, forward and backward (on sm_90 the Hopper ones serve these head dims)."""
     dtype = torch.bfloat16
     require_kernel(head_dim, dtype)
+    require_sm80()
     q, k, v = dense_inputs(2, 300, 1023, 8, 4, head_dim, dtype)
     monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
-    try:
-        out, lse = forward(q, k, v, None, None, 300, 1023, causal, window)
-        check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, window=window))
-    except NotImplementedError as e:
-        assert "FLASH_ATTN2_SM80_FWD=1" in str(e)
-    monkeypatch.delenv("FLASH_ATTN2_BACKEND")
+    out, lse = forward(q, k, v, None, None, 300, 1023, causal, window)
+    check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, window=window))
     dout = randn(*q.shape, dtype=dtype)
-    grads = backward(q, k, v, dout, None, None, 300, 1023, causal, window,
-                     before_backward=lambda: monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80"))
+    grads = backward(q, k, v, dout, None, None, 300, 1023, causal, window)
     ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, window=window)[0],
                                   (q, k, v), dout)
     check_grads(grads, ref[1:], ref_pt[1:])
@@ -152,6 +147,8 @@ def test_window_bwd_head_splits(backend, monkeypatch):
     conversion running."""
     dtype, seqlen, window = torch.bfloat16, 8192, (511, 0)
     require_kernel(128, dtype)
+    if backend == "sm80":
+        require_sm80()
     if torch.cuda.get_device_properties(0).L2_cache_size > 64 << 20:
         pytest.skip("an L2 this large holds the window's rows without splits")
     q, k, v = dense_inputs(1, seqlen, seqlen, 8, 8, 128, dtype)

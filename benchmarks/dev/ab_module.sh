@@ -1,7 +1,7 @@
 #!/bin/bash
 # A/B of a benchmark module: A = a carried wheel ($WHEEL) or a variant directory holding csrc/ and flash_attn2/
 # (variants.sh with FULL=1; built like B), B = the working tree built for head dims $D (bf16, sm_90; the build
-# knobs exported around the call, e.g. FLASH_ATTN2_SM80_FWD=1, apply to both); TESTS (pytest paths) run on B
+# knobs exported around the call, e.g. FLASH_ATTN2_SM80=1, apply to both); TESTS (pytest paths) run on B
 # first; then `python -m $MODULE` (e.g. "flash_attn2.benchmark_variants --hdims 128") for A and B in turn,
 # ROUNDS times, the order rotated; logs under $OUT.
 #   WHEEL=.whl/all/*.whl D=64,128 TESTS=tests/test_score_mods.py MODULE="flash_attn2.benchmark_variants --hdims 64 128" \

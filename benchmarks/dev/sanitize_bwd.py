@@ -1,9 +1,9 @@
 # A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi, dropout; GQA 8:2, whose few key
 # blocks split the query heads over 4 blocks on the Hopper path) for compute-sanitizer; deterministic mode and
-# dropout on the default backward (the Hopper one on sm_90) and, on Hopper, on the SM80 one too
-# (FLASH_ATTN2_BACKEND=sm80 for the backward alone: a default sm_90 build has no SM80 forward).
+# dropout on the default backward (the Hopper one on sm_90) and, on Hopper builds with FLASH_ATTN2_SM80=1, on
+# the SM80 one too (FLASH_ATTN2_BACKEND=sm80 for the backward alone).
 import torch
-from flash_attn2 import flash_attn_func, flash_attn_varlen_func
+from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func
 from flash_attn2.benchmark import forward_backend
 hopper = torch.cuda.get_device_capability() == (9, 0)
 for d in (64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 one's dropout tiles
@@ -21,7 +21,7 @@ for d in (64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 o
         def extra(heads):
             return dict(softcap=softcap, dropout_p=p, deterministic=det,
                         alibi_slopes=torch.rand(heads, device="cuda") if alibi else None)
-        for backend in ((None, "sm80") if (det or p > 0) and hopper else (None,)):
+        for backend in ((None, "sm80") if (det or p > 0) and hopper and _ops.ext.sm80_built else (None,)):
             q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             k, v = (torch.randn(2, 300, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                     for _ in range(2))

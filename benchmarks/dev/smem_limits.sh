@@ -8,7 +8,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 python3 -m pip install -q --no-deps .whl/nvidia_cutlass*.whl
 if ! ls flash_attn2_cuda*.so > /dev/null 2>&1; then
   s=$(date +%s)
-  FLASH_ATTN2_HEAD_DIMS=${D:-64,160,256} FLASH_ATTN2_COMPACT_TILES=1 FLASH_ATTN2_SM80_FWD=1 FLASH_ATTN2_CUDA_ARCHS=90 \
+  FLASH_ATTN2_HEAD_DIMS=${D:-64,160,256} FLASH_ATTN2_COMPACT_TILES=1 FLASH_ATTN2_SM80=1 FLASH_ATTN2_CUDA_ARCHS=90 \
     python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
   echo "build $(( $(date +%s) - s )) s"; grep -o "libstdc++ from.*" $OUT/build.log | head -1; ldd flash_attn2_cuda*.so | grep stdc
 fi

@@ -302,6 +302,26 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   }
 
   if (!refusals) return ok;
+  // No query rows: nothing flows to the keys, and no main kernel can run (TMA wants nonzero extents).
+  fa::BwdParams empty = g;
+  empty.seqlen_q = 0;
+  empty.total_q = 0;
+  empty.num_splits = 0;
+  {
+    DeviceBuffer softmax_d(fa::bwd_softmax_d_elems(empty) * sizeof(float)), dq_accum(fa::bwd_dq_accum_elems(empty) * sizeof(float));
+    empty.softmax_d = softmax_d.as<float>();
+    empty.dq_accum = dq_accum.as<float>();
+    dk_dev.poison();
+    dv_dev.poison();
+    FA_CHECK(fa::run_bwd(empty, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    bool zero = true;
+    for (const DeviceBuffer* grad : {&dk_dev, &dv_dev}) {
+      for (uint16_t bits : grad->download<uint16_t>(nk)) zero &= bits == 0;
+    }
+    std::printf("   no query rows: dk and dv zero  %s\n", zero ? "ok" : "FAIL");
+    ok &= zero;
+  }
   std::printf("   refused params\n");
   fa::FwdParams bad = p;
   bad.version = FLASH_ATTN2_PARAMS_VERSION + 1;  // as if compiled against another flash_attn2.h
