@@ -1,6 +1,6 @@
 // The backward's preprocess, D = rowsum(dO o O) in fp32 and LSE in log2 next to it (in one (heads, total_q)
 // layout for every batch mode), which also zero-fills the dQ accumulator and, for varlen, the gradient rows
-// outside every sequence, or with no query rows all of dK and dV (one launch instead of separate memsets); and after the main kernels, the
+// outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets); and after the main kernels, the
 // conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a backward with head splits.
 // Memory-bound plain CUDA with the head dim a runtime value, so one small file serves every head dim and
 // both dtypes.
@@ -72,17 +72,27 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
       rows.zero_fill(static_cast<T*>(p.dq) + h * p.dq_head_stride, p.dq_row_stride, p.head_dim, nullptr, first, stride);
     }
   }
-  // No query rows (run_bwd launches no main kernel then): every key row's dK and dV are zero.
-  if (p.total_q == 0) {
+  // No query or no key rows (run_bwd launches no main kernel then): every gradient row is zero.
+  if (p.total_q == 0 || p.total_k == 0) {
     const int vecs_per_row = p.head_dim / kVec;
-    const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
+    const int64_t q_vecs = int64_t(p.num_heads) * p.total_q * vecs_per_row;
+    const int64_t vecs = q_vecs + 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
     for (int64_t i = first; i < vecs; i += stride) {
-      const int64_t packed_row = i / vecs_per_row % p.total_k;
-      const int head_k = int(i / vecs_per_row / p.total_k % p.num_heads_k);
-      const bool dv = i / vecs_per_row / p.total_k / p.num_heads_k == 1;
-      const int64_t at = dv ? key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride)
-                            : key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-      *reinterpret_cast<uint4*>(static_cast<T*>(dv ? p.dv : p.dk) + at + int(i % vecs_per_row) * kVec) = make_uint4(0, 0, 0, 0);
+      const int col = int(i % vecs_per_row) * kVec;
+      T* row;
+      if (i < q_vecs) {
+        const int64_t packed_row = i / vecs_per_row % p.total_q;
+        const int head = int(i / vecs_per_row / p.total_q);
+        row = static_cast<T*>(p.dq) + query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+      } else {
+        const int64_t j = (i - q_vecs) / vecs_per_row;
+        const int64_t packed_row = j % p.total_k;
+        const int head_k = int(j / p.total_k % p.num_heads_k);
+        row = j / p.total_k / p.num_heads_k == 0
+                  ? static_cast<T*>(p.dk) + key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
+                  : static_cast<T*>(p.dv) + key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+      }
+      *reinterpret_cast<uint4*>(row + col) = make_uint4(0, 0, 0, 0);
     }
     return;
   }

@@ -295,10 +295,13 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
-  // With no query rows the preprocess alone writes the (zero) dK and dV: TMA descriptors need nonzero extents.
+  // With no query or no key rows the preprocess alone writes the (zero) gradients: TMA descriptors need
+  // nonzero extents.
   BwdLauncher bwd = nullptr;
   cudaError_t err = cudaSuccess;
-  if (p.total_q > 0 && (bwd = pick_bwd(kernels(bucket, p.dtype), p, &err)) == nullptr) return err;
+  std::string backend;
+  if (!requested_backend(&backend)) return cudaErrorInvalidValue;
+  if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(kernels(bucket, p.dtype), p, &err)) == nullptr) return err;
   if ((err = launch_bwd_preprocess(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   if (bwd != nullptr && (err = bwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;

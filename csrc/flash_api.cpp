@@ -150,11 +150,13 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
 }
 
 // The kernels read 16-byte vectors: a contiguous last dim, other strides in multiples of 8 elements, a
-// 16-byte aligned base; the Hopper ones by TMA, which takes no zero stride (an expanded tensor) either.
+// 16-byte aligned base; the Hopper ones by TMA, which takes no zero stride (an expanded tensor) either,
+// on the rows (dim -3) even where there is one: its descriptors stand the row stride in for a head or
+// batch dim of one.
 bool aligned(const Tensor& t) {
   if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   for (int64_t i = 0; i + 1 < t.dim(); ++i) {
-    if ((t.stride(i) % 8 != 0 || t.stride(i) == 0) && t.size(i) > 1) return false;
+    if ((t.stride(i) % 8 != 0 || t.stride(i) == 0) && (t.size(i) > 1 || i == t.dim() - 3)) return false;
   }
   return true;
 }

@@ -125,7 +125,7 @@ def kernel_paths(archs: list[str], env=os.environ) -> list[str]:
     """Which kernel paths to build, forward and backward alike: "sm90" (TMA + wgmma) for an sm_90 target,
     "sm80" (mma.sync) for every other target, and on an sm_90-only build too when FLASH_ATTN2_SM80=1
     (comparison, fallback)."""
-    if env.get("FLASH_ATTN2_SM80_FWD", "").strip():
+    if env.get("FLASH_ATTN2_SM80_FWD", "0").strip() not in ("", "0"):
         raise ValueError("FLASH_ATTN2_SM80_FWD is now FLASH_ATTN2_SM80 (it adds the SM80 forward and backward)")
     nums = [a.replace("+PTX", "") for a in archs]
     paths = []

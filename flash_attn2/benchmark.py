@@ -125,6 +125,19 @@ def make_fn(impl, q, k, v, causal):
     return run
 
 
+def on_path(impl, run):
+    """run with flash_attn2's path for impl set around the whole timed run, the backward included (it reads
+    FLASH_ATTN2_BACKEND when it runs, after make_fn's forward has returned)."""
+    backend = FLASH_ATTN2_BACKENDS.get(impl)
+    if backend is None:
+        return run
+
+    def on_backend():
+        with forward_backend(backend):
+            return run()
+    return on_backend
+
+
 def pass_fn(fn, pass_, inputs, dout):
     """What one timed run does: the forward alone (no graph), the backward of one saved forward, or both."""
     if pass_ == "fwd":
@@ -158,7 +171,7 @@ def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3,
                         runs = {}
                         for impl in impls:
                             try:
-                                runs[impl] = pass_fn(make_fn(impl, q, k, v, causal), pass_, (q, k, v), dout)
+                                runs[impl] = on_path(impl, pass_fn(make_fn(impl, q, k, v, causal), pass_, (q, k, v), dout))
                                 runs[impl]()
                             except RuntimeError as e:  # a backend that does not support this shape
                                 runs.pop(impl, None)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, pass_fn, save,
+from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, on_path, pass_fn, save,
                         time_interleaved, warm_up_gpu)
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
@@ -72,9 +72,10 @@ def causal_flops(lengths, nheads, hdim, pass_, window=None):
     return {"fwd": fwd, "fwd_train": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[pass_]
 
 
-def make_run(fn, inputs, pass_, dout):
-    """What one timed run does for `pass_`: the grid's passes, plus the forward with grad enabled."""
-    return fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout)
+def make_run(impl, fn, inputs, pass_, dout):
+    """What one timed run does for `pass_`: the grid's passes, plus the forward with grad enabled; on impl's
+    path, the backward too."""
+    return on_path(impl, fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout))
 
 
 def causal_window(features):
@@ -167,7 +168,7 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
                         if made is None:
                             break
                         try:
-                            runs[impl] = make_run(*made, pass_, dout)
+                            runs[impl] = make_run(impl, *made, pass_, dout)
                             runs[impl]()
                             break
                         except RuntimeError as e:  # a backend that does not take this shape

@@ -1,6 +1,7 @@
 """The benchmarks' bookkeeping on CPU: FLOP counts, the packed batch, the ratio summaries, the HF step's models."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -73,6 +74,20 @@ def test_rounds_rotate_the_order(monkeypatch):
     monkeypatch.setattr(benchmark, "median_ms", lambda run, reps: (calls.append(run()), next(fake_ms[calls[-1]]))[1])
     ms = benchmark.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, reps=1, rounds=3)
     assert calls == ["a", "b", "b", "a", "a", "b"] and ms == {"a": 2.0, "b": 4.0}
+
+
+def test_sm80_rows_run_the_whole_pass_on_its_path(monkeypatch):
+    """flash_attn2_sm80's timed run sets FLASH_ATTN2_BACKEND around everything it does (its backward reads
+    the variable when it runs, after the forward returned); the default rows leave it alone."""
+    monkeypatch.delenv("FLASH_ATTN2_BACKEND", raising=False)
+    seen = []
+
+    def run():
+        seen.append(os.environ.get("FLASH_ATTN2_BACKEND"))
+    benchmark.on_path("flash_attn2_sm80", run)()
+    benchmark.on_path("flash_attn2", run)()
+    benchmark.on_path("sdpa_cudnn", run)()
+    assert seen == ["sm80", None, None] and "FLASH_ATTN2_BACKEND" not in os.environ
 
 
 def test_hf_step_models_share_weights():
