@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -302,24 +303,26 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   }
 
   if (!refusals) return ok;
-  // No query rows: nothing flows to the keys, and no main kernel can run (TMA wants nonzero extents).
-  fa::BwdParams empty = g;
-  empty.seqlen_q = 0;
-  empty.total_q = 0;
-  empty.num_splits = 0;
-  {
+  // No query rows, or no key rows: nothing flows, and no main kernel can run (TMA wants nonzero extents); the
+  // other side's gradients are zero.
+  for (const bool no_queries : {true, false}) {
+    fa::BwdParams empty = g;
+    (no_queries ? empty.seqlen_q : empty.seqlen_k) = 0;
+    (no_queries ? empty.total_q : empty.total_k) = 0;
+    empty.num_splits = 0;
     DeviceBuffer softmax_d(fa::bwd_softmax_d_elems(empty) * sizeof(float)), dq_accum(fa::bwd_dq_accum_elems(empty) * sizeof(float));
     empty.softmax_d = softmax_d.as<float>();
     empty.dq_accum = dq_accum.as<float>();
-    dk_dev.poison();
-    dv_dev.poison();
+    for (const DeviceBuffer* grad : {&dq_dev, &dk_dev, &dv_dev}) grad->poison();
     FA_CHECK(fa::run_bwd(empty, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
     bool zero = true;
-    for (const DeviceBuffer* grad : {&dk_dev, &dv_dev}) {
-      for (uint16_t bits : grad->download<uint16_t>(nk)) zero &= bits == 0;
+    for (const DeviceBuffer* grad : no_queries ? std::initializer_list<const DeviceBuffer*>{&dk_dev, &dv_dev}
+                                               : std::initializer_list<const DeviceBuffer*>{&dq_dev}) {
+      for (uint16_t bits : grad->download<uint16_t>(no_queries ? nk : nq)) zero &= bits == 0;
     }
-    std::printf("   no query rows: dk and dv zero  %s\n", zero ? "ok" : "FAIL");
+    std::printf("   no %s rows: %s zero  %s\n", no_queries ? "query" : "key", no_queries ? "dk and dv" : "dq",
+                zero ? "ok" : "FAIL");
     ok &= zero;
   }
   std::printf("   refused params\n");
