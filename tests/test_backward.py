@@ -173,6 +173,29 @@ def test_autograd_public_api(head_dim, causal, dtype):
     assert not any(torch.equal(g, t.grad) for g, t in zip(grads, (q, k, v)))
 
 
+@pytest.mark.parametrize("seqlen_q", [1, 113])
+def test_zero_stride_inputs(seqlen_q):
+    """Expanded inputs (zero strides, which TMA cannot take; the op copies them): k and v shared by every head,
+    a dout expanded over the heads, and with one query row, q's rows at stride 0 too. Output and gradients
+    (to the unexpanded tensors) against the reference on the same views."""
+    dtype = torch.bfloat16
+    require_kernel(64, dtype)
+    qb = randn(2, seqlen_q, 4, 64, dtype=dtype).requires_grad_()
+    kb, vb = (randn(2, 97, 1, 64, dtype=dtype).requires_grad_() for _ in range(2))
+
+    def views(qb, kb, vb):
+        q = qb.as_strided(qb.shape, (qb.stride(0), 0, 64, 1)) if seqlen_q == 1 else qb
+        return q, kb.expand(2, 97, 4, 64), vb.expand(2, 97, 4, 64)
+    dout = randn(2, seqlen_q, 1, 64, dtype=dtype).expand(2, seqlen_q, 4, 64)
+    out = flash_attn2.flash_attn_func(*views(qb, kb, vb), causal=True)
+    grads = torch.autograd.grad(out, (qb, kb, vb), dout)
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(*views(q, k, v), True, upcast=up)[0], (qb, kb, vb),
+                                  dout)
+    ok, err, err_pt = within_tolerance(out, ref[0], ref_pt[0])
+    assert ok, f"out error {err:.3e} > 2 x PyTorch's {err_pt:.3e}"
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
 def test_autograd_packed_and_strided():
     """qkvpacked gradients land in the packed tensor; (b, h, s, d) memory viewed as (b, s, h, d) works."""
     require_kernel(64, torch.bfloat16)
