@@ -9,7 +9,8 @@
 # did not fit one call (PYTEST_S, default 330, bounds pytest). SANITIZE=0/1 turns the sanitizers off in the test
 # stage / on in retest (SANITIZE_S, default 90, bounds each of the four runs). AB_WHEELS="wheel ..." with
 # CASES: STAGE=test times the new wheel against those (ab_wheels.sh) between the build and the tests.
-# FIRST_TESTS: see first_tests below.
+# FIRST_TESTS: see first_tests below. CPP=1: the C++ consumer (.ci/cpp_build: CMake build of the torch-free library,
+# the example run on the GPU) after the tests of the test and retest stages.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -31,12 +32,18 @@ first_tests() {
   echo "first tests rc=$? (124: timed out)" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest_first.log | head; tail -1 $OUT/pytest_first.log | tee -a $OUT/summary.txt
 }
+cpp_build() {
+  [ "${CPP:-0}" = 1 ] || return 0
+  timeout ${CPP_S:-200} .ci/cpp_build > $OUT/cpp.log 2>&1; echo "cpp_build rc=$?" | tee -a $OUT/summary.txt
+  grep -E "ok$|FAIL|SKIP|cpp_build:" $OUT/cpp.log | tail -12 | tee -a $OUT/summary.txt
+}
 if [ "$STAGE" = retest ]; then
   python3 -m pip install -q --no-deps .whl/flash_attn2-*.whl
   first_tests
   timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
   [ "${SANITIZE:-0}" = 1 ] && sanitize
+  cpp_build
   exit 0
 fi
 if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
@@ -57,6 +64,7 @@ if [ "$STAGE" != bench ] && [ "$STAGE" != bench_bwd ]; then
   timeout ${PYTEST_S:-330} python3 -m pytest ${TESTS:-tests} -v -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "pytest rc=$?" | tee -a $OUT/summary.txt
   grep -E "^(FAILED|ERROR)" $OUT/pytest.log | head; tail -1 $OUT/pytest.log | tee -a $OUT/summary.txt
   [ "${SANITIZE:-1}" = 1 ] && sanitize
+  cpp_build
 else
   python3 -m pip install -q --no-deps .whl/flash_attn2-*.whl
 fi
