@@ -137,8 +137,8 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
 }
 
 // Whether the Hopper backward serves p: on an sm_90 GPU where built, unless FLASH_ATTN2_BACKEND=sm80 or dout's
-// strides are ones TMA cannot take (zero where the extent is > 1, e.g. expanded over heads; the torch op
-// copies such a dout). Dropout and deterministic mode stay on it: 1.40x faster than the SM80 backward's
+// strides are ones TMA cannot take (a zero row stride, or a zero head / batch stride over more than one: an
+// expanded dout; the torch op copies such a dout). Dropout and deterministic mode stay on it: 1.40x faster than the SM80 backward's
 // dropout at head dim 256 (TUNING step 56); its key-block-ordered dQ adds cost 1.06-1.6x the default, the
 // SM80 one's split accumulators 1.4-7x (step 54).
 bool bwd_on_sm90(const Kernels& k, const BwdParams& p, const std::string& backend) {
@@ -160,8 +160,8 @@ BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, cudaError_t* err) {
     fail(*err, backend == "sm80" ? "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)"
                                  : "no backward kernel for this GPU");
   } else {
-    fail(*err, "dout's row, head and batch strides must be nonzero where it has more than one row, head or "
-               "batch: the Hopper backward reads it by TMA, and this build has no SM80 backward");
+    fail(*err, "dout's row stride, and its head and batch strides where it has more than one head or batch "
+               "entry, must be nonzero: the Hopper backward reads it by TMA, and this build has no SM80 backward");
   }
   return nullptr;
 }
