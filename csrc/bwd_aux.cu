@@ -1,7 +1,8 @@
 // The backward's preprocess, D = rowsum(dO o O) in fp32 and LSE in log2 next to it (in one (heads, total_q)
 // layout for every batch mode), which also zero-fills the dQ accumulator and, for varlen, the gradient rows
-// outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets); and after the main kernels, the
-// conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a backward with head splits.
+// outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets);
+// and after the main kernels, the conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a
+// backward with head splits.
 // Memory-bound plain CUDA with the head dim a runtime value, so one small file serves every head dim and
 // both dtypes.
 #include <cuda_bf16.h>
@@ -83,14 +84,17 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
       if (i < q_vecs) {
         const int64_t packed_row = i / vecs_per_row % p.total_q;
         const int head = int(i / vecs_per_row / p.total_q);
-        row = static_cast<T*>(p.dq) + query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+        row = static_cast<T*>(p.dq) +
+              query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
       } else {
         const int64_t j = (i - q_vecs) / vecs_per_row;
         const int64_t packed_row = j % p.total_k;
         const int head_k = int(j / p.total_k % p.num_heads_k);
         row = j / p.total_k / p.num_heads_k == 0
-                  ? static_cast<T*>(p.dk) + key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
-                  : static_cast<T*>(p.dv) + key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+                  ? static_cast<T*>(p.dk) +
+                        key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
+                  : static_cast<T*>(p.dv) +
+                        key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
       }
       *reinterpret_cast<uint4*>(row + col) = make_uint4(0, 0, 0, 0);
     }

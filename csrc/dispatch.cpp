@@ -136,11 +136,11 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
   return fwd;
 }
 
-// Whether the Hopper backward serves p: on an sm_90 GPU where built, unless FLASH_ATTN2_BACKEND=sm80 or dout's
-// strides are ones TMA cannot take (a zero row stride, or a zero head / batch stride over more than one: an
-// expanded dout; the torch op copies such a dout). Dropout and deterministic mode stay on it: 1.40x faster than the SM80 backward's
-// dropout at head dim 256 (TUNING step 56); its key-block-ordered dQ adds cost 1.06-1.6x the default, the
-// SM80 one's split accumulators 1.4-7x (step 54).
+// Whether the Hopper backward serves p: on an sm_90 GPU where built, unless FLASH_ATTN2_BACKEND=sm80 or
+// dout's strides are ones TMA cannot take (a zero row stride, or a zero head / batch stride over more than
+// one: an expanded dout; the torch op copies such a dout). Dropout and deterministic mode stay on it: 1.40x
+// faster than the SM80 backward's dropout at head dim 256 (TUNING step 56); its key-block-ordered dQ adds
+// cost 1.06-1.6x the default, the SM80 one's split accumulators 1.4-7x (step 54).
 bool bwd_on_sm90(const Kernels& k, const BwdParams& p, const std::string& backend) {
   const bool tma_strides = p.do_row_stride > 0 && (p.num_heads == 1 || p.do_head_stride > 0) &&
                            (p.batch == 1 || p.cu_seqlens_q != nullptr || p.do_batch_stride > 0);
