@@ -23,6 +23,27 @@ constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements per 16-byte access
 constexpr int kPreprocessLanes = 8;
 
+// Vector i of a (kinds, heads, rows) grid of gradient rows, vecs_per_row 8-element vectors each, rows
+// innermost: the order in which the zero fill and the conversions walk dQ (one kind) and dK / dV (two).
+struct RowVec {
+  int64_t row;
+  int head, kind, col;
+};
+__device__ inline RowVec row_vec(int64_t i, int vecs_per_row, int64_t rows, int heads) {
+  const int64_t r = i / vecs_per_row;
+  return {r % rows, int(r / rows % heads), int(r / rows / heads), int(i % vecs_per_row) * kVec};
+}
+template <typename T>
+__device__ inline T* dq_row(const BwdParams& p, int64_t row, int head) {
+  return static_cast<T*>(p.dq) + query_row_offset(p, row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
+}
+template <typename T>
+__device__ inline T* dkv_row(const BwdParams& p, int kind, int64_t row, int head_k) {  // kind 0: dK, 1: dV
+  return kind == 0
+             ? static_cast<T*>(p.dk) + key_row_offset(p, row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
+             : static_cast<T*>(p.dv) + key_row_offset(p, row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+}
+
 __device__ inline float to_float(__half x) { return __half2float(x); }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
@@ -79,24 +100,11 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
     const int64_t q_vecs = int64_t(p.num_heads) * p.total_q * vecs_per_row;
     const int64_t vecs = q_vecs + 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
     for (int64_t i = first; i < vecs; i += stride) {
-      const int col = int(i % vecs_per_row) * kVec;
-      T* row;
-      if (i < q_vecs) {
-        const int64_t packed_row = i / vecs_per_row % p.total_q;
-        const int head = int(i / vecs_per_row / p.total_q);
-        row = static_cast<T*>(p.dq) +
-              query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-      } else {
-        const int64_t j = (i - q_vecs) / vecs_per_row;
-        const int64_t packed_row = j % p.total_k;
-        const int head_k = int(j / p.total_k % p.num_heads_k);
-        row = j / p.total_k / p.num_heads_k == 0
-                  ? static_cast<T*>(p.dk) +
-                        key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
-                  : static_cast<T*>(p.dv) +
-                        key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-      }
-      *reinterpret_cast<uint4*>(row + col) = make_uint4(0, 0, 0, 0);
+      const bool dq = i < q_vecs;
+      const RowVec v = dq ? row_vec(i, vecs_per_row, p.total_q, p.num_heads)
+                          : row_vec(i - q_vecs, vecs_per_row, p.total_k, p.num_heads_k);
+      T* row = dq ? dq_row<T>(p, v.row, v.head) : dkv_row<T>(p, v.kind, v.row, v.head);
+      *reinterpret_cast<uint4*>(row + v.col) = make_uint4(0, 0, 0, 0);
     }
     return;
   }
@@ -130,13 +138,10 @@ __global__ void __launch_bounds__(kThreads) convert_dq_sm90_kernel(const __grid_
   const int vecs_per_row = bucket / kVec;
   const int64_t vecs = int64_t(p.num_heads) * p.total_q * vecs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * kThreads) {
-    const int col = int(i % vecs_per_row) * kVec;
-    const int64_t packed_row = i / vecs_per_row % p.total_q;
-    const int head = int(i / vecs_per_row / p.total_q);
-    if (col >= p.head_dim) continue;
-    const int64_t at = query_row_offset(p, packed_row, head, p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride);
-    convert8(p.dq_accum + bwd_dq_accum_offset_sm90(p, bucket, head, packed_row) + col, p.softmax_scale,
-             static_cast<T*>(p.dq) + at + col);
+    const RowVec v = row_vec(i, vecs_per_row, p.total_q, p.num_heads);
+    if (v.col >= p.head_dim) continue;
+    convert8(p.dq_accum + bwd_dq_accum_offset_sm90(p, bucket, v.head, v.row) + v.col, p.softmax_scale,
+             dq_row<T>(p, v.row, v.head) + v.col);
   }
 }
 
@@ -147,15 +152,10 @@ __global__ void __launch_bounds__(kThreads) convert_dkv_kernel(const __grid_cons
   const int vecs_per_row = bucket / kVec;
   const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * kThreads) {
-    const int col = int(i % vecs_per_row) * kVec;
-    const int64_t packed_row = i / vecs_per_row % p.total_k;
-    const int head_k = int(i / vecs_per_row / p.total_k % p.num_heads_k);
-    const int kv = int(i / vecs_per_row / p.total_k / p.num_heads_k);  // 0: dK, 1: dV
-    if (col >= p.head_dim) continue;
-    const int64_t at = kv == 0 ? key_row_offset(p, packed_row, head_k, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride)
-                               : key_row_offset(p, packed_row, head_k, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    convert8(p.dq_accum + bwd_dkv_accum_offset(p, bucket, kv, head_k, packed_row) + col,
-             kv == 0 ? p.softmax_scale : 1.f, static_cast<T*>(kv == 0 ? p.dk : p.dv) + at + col);
+    const RowVec v = row_vec(i, vecs_per_row, p.total_k, p.num_heads_k);
+    if (v.col >= p.head_dim) continue;
+    convert8(p.dq_accum + bwd_dkv_accum_offset(p, bucket, v.kind, v.head, v.row) + v.col,
+             v.kind == 0 ? p.softmax_scale : 1.f, dkv_row<T>(p, v.kind, v.row, v.head) + v.col);
   }
 }
 
