@@ -147,12 +147,9 @@ bool bwd_on_sm90(const Kernels& k, const BwdParams& p, const std::string& backen
   return k.bwd_sm90 != nullptr && backend != "sm80" && tma_strides && device_is_sm90();
 }
 
-// The backward kernel for this call: the Hopper one where bwd_on_sm90, else the SM80 one. nullptr when
-// neither can serve it, with last_error saying why and *err the code.
-BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, cudaError_t* err) {
-  std::string backend;
-  *err = cudaErrorInvalidValue;
-  if (!requested_backend(&backend)) return nullptr;
+// The backward kernel for this call (backend: requested_backend's): the Hopper one where bwd_on_sm90, else
+// the SM80 one. nullptr when neither can serve it, with last_error saying why and *err the code.
+BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, const std::string& backend, cudaError_t* err) {
   if (bwd_on_sm90(k, p, backend)) return k.bwd_sm90;
   if (k.bwd_sm80 != nullptr) return k.bwd_sm80;
   if (backend == "sm80" || k.bwd_sm90 == nullptr || !device_is_sm90()) {
@@ -160,6 +157,7 @@ BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, cudaError_t* err) {
     fail(*err, backend == "sm80" ? "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)"
                                  : "no backward kernel for this GPU");
   } else {
+    *err = cudaErrorInvalidValue;
     fail(*err, "dout's row stride, and its head and batch strides where it has more than one head or batch "
                "entry, must be nonzero: the Hopper backward reads it by TMA, and this build has no SM80 backward");
   }
@@ -301,7 +299,9 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   std::string backend;
   if (!requested_backend(&backend)) return cudaErrorInvalidValue;
-  if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(kernels(bucket, p.dtype), p, &err)) == nullptr) return err;
+  if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(kernels(bucket, p.dtype), p, backend, &err)) == nullptr) {
+    return err;
+  }
   if ((err = launch_bwd_preprocess(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   if (bwd != nullptr && (err = bwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
