@@ -9,7 +9,7 @@ from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_f
 from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error, reference_grads, within_tolerance
 
 from test_backward import check_grads, ran_kernel
-from test_forward import (DTYPES, HEAD_DIMS, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel,
+from test_forward import (DTYPES, HEAD_DIMS, LSE_ATOL, dense_inputs, poisoned, randn, require_kernel, require_sm80,
                           varlen_inputs)
 
 pytestmark = pytest.mark.gpu
