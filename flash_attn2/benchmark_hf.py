@@ -1,12 +1,14 @@
 """A Hugging Face training step with flash_attn2 against the model's default SDPA attention, end to end.
 
-    python -m flash_attn2.benchmark_hf [--batch 4] [--seqlen 2048] [--layers 4] [--heads 16] [--kv-heads 4]
+    python -m flash_attn2.benchmark_hf [--batch 4] [--seqlen 2048] [--layers 4] [--heads 16] [--kv-heads 4] [--no-cache]
 
 One randomly initialised Llama-architecture model (no download), bf16 weights, copied so that both runs start
 from the same weights: one copy on attn_implementation="sdpa", one on "flash_attn2". A step is forward, the
 causal-LM loss on random token ids, backward, and a fused AdamW step. The two are timed in rounds, their order
 rotated (CUDA events; the median step of a round, the median round), as the kernel suites time theirs; the
-first step's losses are printed side by side as a check that both run the same model.
+first step's losses are printed side by side as a check that both run the same model. The model's config
+keeps use_cache on, so each training forward builds a KV cache as a default Trainer run does; --no-cache
+passes use_cache=False (as gradient checkpointing does), where the model's mask reads position_ids (a sync).
 Appends to <out_dir>/<gpu>_hf_step.csv.
 """
 
@@ -22,8 +24,8 @@ import torch
 from .benchmark import add_run_args, append_csv, time_interleaved, warm_up_gpu
 
 IMPLS = ("sdpa", "flash_attn2")
-COLUMNS = ("gpu", "impl", "batch", "seqlen", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "ms",
-           "loss")
+COLUMNS = ("gpu", "impl", "batch", "seqlen", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab",
+           "use_cache", "ms", "loss")
 
 
 def make_config(args):
@@ -49,9 +51,9 @@ def make_models(config, device="cuda"):
     return models
 
 
-def make_step(model, optimizer, ids):
+def make_step(model, optimizer, ids, use_cache=None):
     def step():
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(input_ids=ids, labels=ids, use_cache=use_cache).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -82,6 +84,7 @@ def parse_args(argv=None):
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--intermediate", type=int, default=2816)
     p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--no-cache", action="store_true", help="use_cache=False in the steps (no KV cache built)")
     add_run_args(p, reps=10)
     return p.parse_args(argv)
 
@@ -91,7 +94,8 @@ def main(argv=None):
     config = make_config(args)
     models = make_models(config)
     ids = torch.randint(0, args.vocab, (args.batch, args.seqlen), device="cuda")
-    steps = {impl: make_step(model, opt, ids) for impl, (model, opt) in models.items()}
+    use_cache = False if args.no_cache else None  # None: the config's (True)
+    steps = {impl: make_step(model, opt, ids, use_cache) for impl, (model, opt) in models.items()}
     first_loss = {impl: step().item() for impl, step in steps.items()}  # the same weights: the same loss
     print("first-step loss: " + ", ".join(f"{impl} {loss:.4f}" for impl, loss in first_loss.items()))
     warm_up_gpu(args.warmup_s)
@@ -99,13 +103,14 @@ def main(argv=None):
     gpu = torch.cuda.get_device_name()
     rows = [dict(gpu=gpu, impl=impl, batch=args.batch, seqlen=args.seqlen, layers=args.layers,
                  hidden=config.hidden_size, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
-                 vocab=args.vocab, ms=f"{ms:.3f}", loss=f"{first_loss[impl]:.4f}") for impl, ms in times.items()]
+                 vocab=args.vocab, use_cache=not args.no_cache, ms=f"{ms:.3f}", loss=f"{first_loss[impl]:.4f}")
+            for impl, ms in times.items()]
     host = {impl: host_ms(step) for impl, step in steps.items()}
     for row in rows:
         print(f"{row['impl']:12s} {row['ms']} ms per step (host {host[row['impl']]:.3f} ms)")
     print(f"flash_attn2 / sdpa step time: {times['flash_attn2'] / times['sdpa']:.3f} "
           f"({args.batch} x {args.seqlen} tokens, {args.layers} layers, GQA {args.heads}:{args.kv_heads}, "
-          f"d {args.head_dim}; {gpu})")
+          f"d {args.head_dim}, use_cache {not args.no_cache}; {gpu})")
     print(f"appended to {append_csv(rows, args.out_dir, '_hf_step.csv', COLUMNS)}")
     return rows
 

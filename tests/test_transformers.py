@@ -221,6 +221,36 @@ def test_packing_looked_for_where_the_models_mask_looks(backend, monkeypatch, po
     assert {kind for kind, *_ in backend.calls} == {"varlen" if per_sequence else "dense"}
 
 
+@pytest.mark.parametrize("positions, use_cache", [("plain", False), ("plain", True), ("packed", False), ("packed", True)])
+def test_one_row_reads_position_ids_once(backend, monkeypatch, positions, use_cache):
+    """A batch of one row: packed sequences are found as transformers' flash path finds them, cache or not
+    (position ids that restart: per sequence). Without a KV cache the model's mask has read position_ids
+    already (a device sync); where it found one sequence, attention takes that answer instead of a second sync."""
+    model, ref, lowp = tiny_llama(backend)
+    looked = []
+    find = integration._find_packing
+    monkeypatch.setattr(integration, "_find_packing", lambda *args: looked.append(args[1:]) or find(*args))
+    L = backend.seq_len
+    ids = torch.randint(backend.config["vocab_size"], (1, L), device=backend.device)
+    position_ids = torch.arange(L, device=backend.device)[None]
+    if positions == "packed":
+        position_ids = torch.cat([torch.arange(L // 3), torch.arange(L - L // 3)]).to(backend.device)[None]
+    with torch.no_grad():
+        ours = model(input_ids=ids, position_ids=position_ids, use_cache=use_cache).logits.float()
+        ours_ref, ours_lowp = (m(input_ids=ids, position_ids=position_ids, use_cache=False).logits.float()
+                               for m in (ref, lowp))  # sdpa: per sequence only without a cache
+    check(ours, ours_ref, ours_lowp, LOGITS_ATOL, f"{positions} logits")
+    assert looked == ([] if positions == "plain" and not use_cache else [(1, L)])  # at most once per forward
+    assert {kind for kind, *_ in backend.calls} == {"varlen" if positions == "packed" else "dense"}
+    # The mask's answer holds for the tensor it read only: changed in place, it is looked at again.
+    if positions == "plain" and not use_cache:
+        looked.clear()
+        with torch.no_grad():
+            model.model.rotary_emb.register_forward_pre_hook(lambda *_: position_ids.add_(0))
+            model(input_ids=ids, position_ids=position_ids, use_cache=False)
+        assert looked == [(1, L)]
+
+
 def test_training_losses_match_sdpa(backend):
     """5 AdamW steps on right-padded batches (labels -100 at padding) from the same weights: flash_attn2's
     losses stay as close to fp32 sdpa's as sdpa-bf16's do (twice, plus LOSS_ATOL)."""

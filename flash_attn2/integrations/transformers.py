@@ -17,7 +17,10 @@ called any number of times. Developed against transformers 5.17, whose own flash
   Finding them reads position_ids back (a device sync), so it runs once per forward, and only where
   transformers looks too: for a batch of one row (as its flash path), else where the model's own mask
   found packing (`create_causal_mask` looks when the model holds no KV cache; with one, sdpa and eager
-  attend across the packed rows' sequences, and so does this);
+  attend across the packed rows' sequences, and so does this). Where the mask has read the same
+  position_ids and found no packing, its answer is taken (no second sync); a batch of one row with a KV
+  cache (a training forward with the default `use_cache`) still syncs once per forward, as transformers'
+  flash path does per layer;
 - float32 q/k/v (a model left in float32, PEFT's fp32 norms) run in the half dtype transformers' flash
   path picks, bfloat16 where that is float32 too, and the output is cast back;
 - GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured;
@@ -41,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 try:
+    import transformers.masking_utils as _hf_masking_utils
     import transformers.modeling_flash_attention_utils as _hf_flash_utils
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.flash_attention import get_target_dtype
@@ -69,6 +73,9 @@ _packing_cache = (lambda: None, None, None)
 # The last mask the model built through flash_attn2_mask that found no packing: (weakref to its config,
 # (batch, q_len)), or None. The next attention call of that model takes it for its position_ids.
 _mask_found_no_packing = None
+# The position_ids the model's mask last read for packing (it does without a KV cache), as (weakref, version,
+# whether it found one sequence per row): attention on that very tensor takes the answer, with no second sync.
+_mask_read = (lambda: None, None, False)
 
 
 def register() -> None:
@@ -77,6 +84,9 @@ def register() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attn2_mask)
     if not getattr(_hf_flash_utils._lazy_imports, "_flash_attn2", False):
         _hf_flash_utils._lazy_imports = _answer_flash_preload(_hf_flash_utils._lazy_imports)
+    if not getattr(_hf_masking_utils.find_packed_sequence_indices, "_flash_attn2", False):
+        _hf_masking_utils.find_packed_sequence_indices = _remember_mask_read(
+            _hf_masking_utils.find_packed_sequence_indices)
 
 
 def _answer_flash_preload(original):
@@ -93,6 +103,23 @@ def _answer_flash_preload(original):
 
     _lazy_imports._flash_attn2 = True
     return _lazy_imports
+
+
+def _remember_mask_read(original):
+    # create_causal_mask reads position_ids back (a device sync) to find packed sequences when the model holds
+    # no KV cache, for every attn_implementation. Remembering what it read spares a batch of one row a second
+    # sync in _packed_cu_seqlens (the step's GPU then idled while the host caught up: TUNING 60). Same rule:
+    # a sequence starts wherever a position is not the previous one + 1.
+    @functools.wraps(original)
+    def find_packed_sequence_indices(position_ids, *args, **kwargs):
+        found = original(position_ids, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            global _mask_read
+            _mask_read = (weakref.ref(position_ids), position_ids._version, found is None)
+        return found
+
+    find_packed_sequence_indices._flash_attn2 = True
+    return find_packed_sequence_indices
 
 
 def flash_attn2_mask(*args, use_vmap=False, **kwargs):
@@ -230,7 +257,8 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
     """(cu_seqlens int32 over the flattened batch * seq_len tokens, max_seqlen) when position ids restart
     inside a row, else None. A sequence starts at each row's first token and wherever a position is not the
     previous one + 1, as in transformers' masks for sdpa/eager (masking_utils.find_packed_sequence_indices).
-    A batch of several rows whose model's mask (`config`'s, just built) found no packing is not looked at."""
+    A batch of several rows whose model's mask (`config`'s, just built) found no packing is not looked at, nor
+    any position_ids the mask has read and found unpacked (no KV cache)."""
     if position_ids is None or seq_len == 1:
         return None
     if position_ids.dim() != 2 or position_ids.shape[1] != seq_len:
@@ -249,7 +277,10 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
         return cached
     decided, _mask_found_no_packing = _mask_found_no_packing, None  # one forward's mask, for its position_ids
     mask_config, mask_shape = decided or (lambda: None, None)
-    if batch > 1 and mask_shape == (batch, seq_len) and config is not None and mask_config() is config:
+    read_ref, read_version, read_none = _mask_read
+    if read_none and read_ref() is position_ids and read_version == position_ids._version:
+        answer = None  # the mask has read these very ids and found one sequence per row
+    elif batch > 1 and mask_shape == (batch, seq_len) and config is not None and mask_config() is config:
         answer = None
     else:
         answer = _find_packing(position_ids, batch, seq_len)
