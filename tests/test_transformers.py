@@ -221,7 +221,8 @@ def test_packing_looked_for_where_the_models_mask_looks(backend, monkeypatch, po
     assert {kind for kind, *_ in backend.calls} == {"varlen" if per_sequence else "dense"}
 
 
-@pytest.mark.parametrize("positions, use_cache", [("plain", False), ("plain", True), ("packed", False), ("packed", True)])
+@pytest.mark.parametrize("positions, use_cache",
+                         [("plain", False), ("plain", True), ("packed", False), ("packed", True)])
 def test_one_row_reads_position_ids_once(backend, monkeypatch, positions, use_cache):
     """A batch of one row: packed sequences are found as transformers' flash path finds them, cache or not
     (position ids that restart: per sequence). Without a KV cache the model's mask has read position_ids

@@ -25,7 +25,8 @@ for impl, step in steps.items():
         for _ in range(3):
             step()
         torch.cuda.synchronize()
-    per_step[impl] = {e.key: (e.device_time_total / 3, e.count / 3) for e in prof.key_averages() if e.device_time_total > 0}
+    per_step[impl] = {e.key: (e.device_time_total / 3, e.count / 3)
+                      for e in prof.key_averages() if e.device_time_total > 0}
     print(f"{impl}: {sum(t for t, _ in per_step[impl].values()) / 1e3:.3f} ms of kernels per step")
 names = set().union(*per_step.values())
 diff = sorted(names, key=lambda n: -abs(per_step["flash_attn2"].get(n, (0, 0))[0] - per_step["sdpa"].get(n, (0, 0))[0]))
