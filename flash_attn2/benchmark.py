@@ -110,11 +110,8 @@ def forward_backend(name):
 
 
 def make_fn(impl, q, k, v, causal):
-    if impl in FLASH_ATTN2_BACKENDS:
-        def run_ours():
-            with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
-                return flash_attn_func(q, k, v, causal=causal)
-        return run_ours
+    if impl in FLASH_ATTN2_BACKENDS:  # its path: on_path
+        return lambda: flash_attn_func(q, k, v, causal=causal)
     backend = SDPA_BACKENDS[impl]
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) view of the same memory
     gqa = k.shape[2] != q.shape[2]
@@ -125,12 +122,14 @@ def make_fn(impl, q, k, v, causal):
     return run
 
 
-def on_path(impl, run):
-    """run with flash_attn2's path for impl set around the whole timed run, the backward included (it reads
-    FLASH_ATTN2_BACKEND when it runs, after make_fn's forward has returned)."""
+def on_path(impl, make_run):
+    """make_run()'s run, made and timed with flash_attn2's path for impl set (FLASH_ATTN2_BACKEND): a bwd run's
+    forward happens as it is made, and the backward reads the variable each time it runs."""
     backend = FLASH_ATTN2_BACKENDS.get(impl)
     if backend is None:
-        return run
+        return make_run()
+    with forward_backend(backend):
+        run = make_run()
 
     def on_backend():
         with forward_backend(backend):
@@ -171,7 +170,8 @@ def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3,
                         runs = {}
                         for impl in impls:
                             try:
-                                runs[impl] = on_path(impl, pass_fn(make_fn(impl, q, k, v, causal), pass_, (q, k, v), dout))
+                                fn = make_fn(impl, q, k, v, causal)
+                                runs[impl] = on_path(impl, lambda: pass_fn(fn, pass_, (q, k, v), dout))
                                 runs[impl]()
                             except RuntimeError as e:  # a backend that does not support this shape
                                 runs.pop(impl, None)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, forward_backend, on_path, pass_fn, save,
+from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, on_path, pass_fn, save,
                         time_interleaved, warm_up_gpu)
 from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
 
@@ -75,7 +75,7 @@ def causal_flops(lengths, nheads, hdim, pass_, window=None):
 def make_run(impl, fn, inputs, pass_, dout):
     """What one timed run does for `pass_`: the grid's passes, plus the forward with grad enabled; on impl's
     path, the backward too."""
-    return on_path(impl, fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout))
+    return on_path(impl, lambda: fn if pass_ == "fwd_train" else pass_fn(fn, pass_, inputs, dout))
 
 
 def causal_window(features):
@@ -96,12 +96,8 @@ def dense_fn(impl, q, k, v, expand_kv=False, features=None):
     (outside the timing), for a backend that rejects enable_gqa."""
     features = features or {}
     if impl in FLASH_ATTN2_BACKENDS:
-        kwargs = ours_kwargs(features)
-
-        def ours():
-            with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
-                return flash_attn_func(q, k, v, causal=True, **kwargs)
-        return ours, (q, k, v)
+        kwargs = ours_kwargs(features)  # its path: make_run
+        return (lambda: flash_attn_func(q, k, v, causal=True, **kwargs)), (q, k, v)
     if impl == "torch_varlen" and features and "softcap" not in features:  # a window: varlen_attn on the batch
         b, s = q.shape[:2]
         cu = torch.arange(0, (b + 1) * s, s, device=q.device, dtype=torch.int32)
@@ -123,12 +119,8 @@ def dense_fn(impl, q, k, v, expand_kv=False, features=None):
 def varlen_fn(impl, q, k, v, cu, max_len, features=None):
     features = features or {}
     if impl in FLASH_ATTN2_BACKENDS:
-        kwargs = ours_kwargs(features)
-
-        def ours():
-            with forward_backend(FLASH_ATTN2_BACKENDS[impl]):
-                return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True, **kwargs)
-        return ours, (q, k, v)
+        kwargs = ours_kwargs(features)  # its path: make_run
+        return (lambda: flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True, **kwargs)), (q, k, v)
     if impl == "torch_varlen" and "softcap" not in features:
         try:
             from torch.nn.attention.varlen import varlen_attn

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, HIDDEN, SDPA_BACKENDS, TOKENS, add_run_args, append_csv,
-                        forward_backend, pass_fn, time_interleaved, warm_up_gpu)
+from .benchmark import (FLASH_ATTN2_BACKENDS, HIDDEN, SDPA_BACKENDS, TOKENS, add_run_args, append_csv, on_path,
+                        pass_fn, time_interleaved, warm_up_gpu)
 from .flash_attn_interface import flash_attn_func
 
 COLUMNS = ("gpu", "impl", "variant", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms")
@@ -38,22 +38,16 @@ def variant_kwargs(nheads, impl):
 
 
 def make_run(impl, q, k, v, dout, causal, kwargs, pass_):
-    """One timed run of pass_ on impl's path; the backward too (flash_attn2's path is read per call, SDPA's
-    backend chosen per call)."""
+    """One timed run of pass_ on impl's path (the backward too) or SDPA backend."""
     if impl in SDPA_BACKENDS:
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # SDPA's (b, h, s, d) view of the same memory
-        context = lambda: sdpa_kernel(SDPA_BACKENDS[impl])  # noqa: E731
-        fn = lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **kwargs).transpose(1, 2)  # noqa: E731
-    else:
-        context = lambda: forward_backend(FLASH_ATTN2_BACKENDS[impl])  # noqa: E731
-        fn = lambda: flash_attn_func(q, k, v, causal=causal, **kwargs)  # noqa: E731
-    with context():  # a bwd run's forward happens here
-        run = pass_fn(fn, pass_, (q, k, v), dout)
 
-    def on_backend():
-        with context():
-            run()
-    return on_backend
+        def fn():
+            with sdpa_kernel(SDPA_BACKENDS[impl]):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, **kwargs).transpose(1, 2)
+    else:
+        fn = lambda: flash_attn_func(q, k, v, causal=causal, **kwargs)  # noqa: E731
+    return on_path(impl, lambda: pass_fn(fn, pass_, (q, k, v), dout))
 
 
 def main(argv=None):

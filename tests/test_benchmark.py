@@ -77,17 +77,17 @@ def test_rounds_rotate_the_order(monkeypatch):
 
 
 def test_sm80_rows_run_the_whole_pass_on_its_path(monkeypatch):
-    """flash_attn2_sm80's timed run sets FLASH_ATTN2_BACKEND around everything it does (its backward reads
-    the variable when it runs, after the forward returned); the default rows leave it alone."""
+    """flash_attn2_sm80's run is made (a bwd run's forward) and timed (its backward reads the variable when it
+    runs) with FLASH_ATTN2_BACKEND=sm80; the default rows leave it alone."""
     monkeypatch.delenv("FLASH_ATTN2_BACKEND", raising=False)
-    seen = []
+    made, seen = [], []
 
-    def run():
-        seen.append(os.environ.get("FLASH_ATTN2_BACKEND"))
-    benchmark.on_path("flash_attn2_sm80", run)()
-    benchmark.on_path("flash_attn2", run)()
-    benchmark.on_path("sdpa_cudnn", run)()
-    assert seen == ["sm80", None, None] and "FLASH_ATTN2_BACKEND" not in os.environ
+    def make():
+        made.append(os.environ.get("FLASH_ATTN2_BACKEND"))
+        return lambda: seen.append(os.environ.get("FLASH_ATTN2_BACKEND"))
+    for impl in ("flash_attn2_sm80", "flash_attn2", "sdpa_cudnn"):
+        benchmark.on_path(impl, make)()
+    assert made == seen == ["sm80", None, None] and "FLASH_ATTN2_BACKEND" not in os.environ
 
 
 def test_hf_step_models_share_weights():
