@@ -171,7 +171,7 @@ cudaError_t launch_convert(ConvertKernel half, ConvertKernel bf16, int64_t vecs,
 
 }  // namespace
 
-cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd_preprocess(const BwdParams& p, int64_t accum_elems, cudaStream_t stream) {
   // At least one block: with no query rows there may still be key rows to zero-fill.
   constexpr int kRows = kThreads / kPreprocessLanes;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -181,7 +181,7 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned(row_blocks), unsigned(std::max(1, p.num_heads)),
                   unsigned(varlen ? 1 : std::clamp(p.batch, 1, 65535)));
   auto kernel = p.dtype == DType::kFloat16 ? &preprocess_kernel<__half> : &preprocess_kernel<__nv_bfloat16>;
-  kernel<<<grid, kThreads, 0, stream>>>(p, bwd_dq_accum_elems(p) / 4);
+  kernel<<<grid, kThreads, 0, stream>>>(p, accum_elems / 4);
   return cudaGetLastError();
 }
 

@@ -139,7 +139,7 @@ cudaError_t launch_bwd_convert_dkv(const BwdParams& params, int bucket, cudaStre
 
 // softmax_d = rowsum(dout o out) in fp32, and LSE * log2(e) after it (bwd_lse_log2_offset), before the
 // main kernel; also clears the dq accumulator and the gradient rows outside every varlen sequence.
-cudaError_t launch_bwd_preprocess(const BwdParams& params, cudaStream_t stream);
+cudaError_t launch_bwd_preprocess(const BwdParams& params, int64_t accum_elems, cudaStream_t stream);
 
 // The backward's softmax_d workspace: D as (heads, total_q), then LSE * log2(e) in the same layout from
 // this offset, a multiple of 4 so that both arrays' rows share their 16-byte alignment (the Hopper backward
