@@ -170,10 +170,10 @@ Tensor kernel_ready(const Tensor& t) {
 }
 
 // A gradient's memory: its input's strides where the kernels can write them (a dense tensor whose head dim is
-// innermost and a multiple of 8, so every other stride is a multiple of 8 too), else contiguous. Models
-// hand over q and k as transposed (batch, heads, seqlen) views; contiguous gradients would make the
-// elementwise ops behind them (RoPE's backward) strided. A dense tensor's dims of one may carry any stride;
-// the rows' must still suit TMA (aligned()). flash_attn2/_ops.py's fake says the same.
+// innermost and a multiple of 8, so every stride of a dim above one is a multiple of 8 too, and whose rows'
+// stride, which TMA takes even for a single row, is a nonzero multiple of 8: aligned()), else contiguous.
+// Models hand over q and k as transposed (batch, heads, seqlen) views; contiguous gradients would make the
+// elementwise ops behind them (RoPE's backward) strided. flash_attn2/_ops.py's fake says the same.
 Tensor grad_like(const Tensor& t) {
   const bool rows_ok = t.dim() >= 3 && t.stride(-3) != 0 && t.stride(-3) % 8 == 0;
   if (t.size(-1) % 8 == 0 && t.stride(-1) == 1 && rows_ok && t.is_non_overlapping_and_dense()) {

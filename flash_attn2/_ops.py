@@ -5,7 +5,7 @@ the autograd formula on `fwd` in C++ (`bwd` raises when differentiated). The fak
 tensors as the CUDA kernel does and give torch.compile, torch.export and FakeTensor the exact shapes,
 dtypes and strides of the real outputs, in the inputs' head dim: out and softmax_lse contiguous; each
 gradient in its input's strides where that input is dense with its head dim innermost and a multiple of 8
-(as a model's transposed q/k views are), else contiguous.
+(as a model's transposed q/k views are) and its rows' stride a nonzero multiple of 8, else contiguous.
 """
 
 from __future__ import annotations

@@ -252,6 +252,23 @@ def test_one_row_reads_position_ids_once(backend, monkeypatch, positions, use_ca
         assert looked == [(1, L)]
 
 
+def test_inference_mode(backend, monkeypatch):
+    """Tensors made under torch.inference_mode keep no version counter: the packing answers are kept for them by
+    identity, for one forward, and sdpa models (whose masks call the function the integration wraps) run too."""
+    model, ref, lowp = tiny_llama(backend)
+    looked = []
+    find = integration._find_packing
+    monkeypatch.setattr(integration, "_find_packing", lambda *args: looked.append(args[1:]) or find(*args))
+    L = backend.seq_len
+    ids = torch.randint(backend.config["vocab_size"], (1, L), device=backend.device)
+    with torch.inference_mode():
+        for use_cache in (False, True):
+            ours, ours_ref, ours_lowp = (m(input_ids=ids, use_cache=use_cache).logits.float()
+                                         for m in (model, ref, lowp))
+            check(ours, ours_ref, ours_lowp, LOGITS_ATOL, f"use_cache={use_cache} logits")
+    assert looked == [(1, L)]  # the mask's answer without a cache; with one, a single look for the forward
+
+
 def test_training_losses_match_sdpa(backend):
     """5 AdamW steps on right-padded batches (labels -100 at padding) from the same weights: flash_attn2's
     losses stay as close to fp32 sdpa's as sdpa-bf16's do (twice, plus LOSS_ATOL)."""

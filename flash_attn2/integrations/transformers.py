@@ -115,7 +115,7 @@ def _remember_mask_read(original):
         found = original(position_ids, *args, **kwargs)
         if not torch.compiler.is_compiling():
             global _mask_read
-            _mask_read = (weakref.ref(position_ids), position_ids._version, found is None)
+            _mask_read = (weakref.ref(position_ids), _version(position_ids), found is None)
         return found
 
     find_packed_sequence_indices._flash_attn2 = True
@@ -269,16 +269,16 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
     # layer, which left the GPU idle between layers (HF step 4 x 2k tokens, 4 layers: 22.4 -> see TUNING).
     # And none at all for several rows whose mask found no packing (flash_attn2_mask).
     global _packing_cache, _mask_found_no_packing
-    key = (batch, seq_len, position_ids._version)
     if torch.compiler.is_compiling():
         return _find_packing(position_ids, batch, seq_len)
+    key = (batch, seq_len, _version(position_ids))
     cached_ref, cached_key, cached = _packing_cache
     if cached_ref() is position_ids and cached_key == key:
         return cached
     decided, _mask_found_no_packing = _mask_found_no_packing, None  # one forward's mask, for its position_ids
     mask_config, mask_shape = decided or (lambda: None, None)
     read_ref, read_version, read_none = _mask_read
-    if read_none and read_ref() is position_ids and read_version == position_ids._version:
+    if read_none and read_ref() is position_ids and read_version == key[2]:
         answer = None  # the mask has read these very ids and found one sequence per row
     elif batch > 1 and mask_shape == (batch, seq_len) and config is not None and mask_config() is config:
         answer = None
@@ -286,6 +286,12 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
         answer = _find_packing(position_ids, batch, seq_len)
     _packing_cache = (weakref.ref(position_ids), key, answer)
     return answer
+
+
+def _version(t: torch.Tensor) -> int:
+    # An inference tensor (made under torch.inference_mode) has no version counter: -1, so the answers kept
+    # for it go by identity alone, for one forward (each new mask, flash_attn2_mask, drops them).
+    return -1 if t.is_inference() else t._version
 
 
 def _find_packing(position_ids, batch: int, seq_len: int):
