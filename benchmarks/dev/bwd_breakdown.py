@@ -1,6 +1,9 @@
 # Where a backward's time goes, kernel by kernel (torch.profiler): ours (preprocess, main kernel, dQ
-# conversion, ...) beside sdpa_cudnn's on the same FA2-grid inputs (16k tokens, hidden 2048, bf16).
-#   python benchmarks/dev/bwd_breakdown.py HEAD_DIM,CAUSAL(0/1),SEQLEN [...]
+# conversion, ...) beside sdpa_cudnn's on the same inputs, bf16: the FA2 grid's (16k tokens, hidden 2048), or
+# a given batch and heads (GQA). LAYOUT=hf lays q and k out as a Hugging Face Llama hands them over after RoPE
+# (contiguous as (b, h, s, d), seen as (b, s, h, d)).
+#   python benchmarks/dev/bwd_breakdown.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,BATCH,HEADS,KV_HEADS] [...]
+import os
 import sys
 from collections import defaultdict
 
@@ -9,12 +12,21 @@ from torch.profiler import ProfilerActivity, profile
 
 from flash_attn2.benchmark import HIDDEN, TOKENS, make_fn, warm_up_gpu
 
+
+def inputs(b, s, heads, d):
+    t = torch.randn(b, s, heads, d, device="cuda", dtype=torch.bfloat16)
+    if os.environ.get("LAYOUT") == "hf":
+        t = t.transpose(1, 2).contiguous().transpose(1, 2)
+    return t.requires_grad_()
+
+
 warm_up_gpu(2)
 REPS = 10
 for case in sys.argv[1:]:
-    d, causal, s = (int(x) for x in case.split(","))
-    b, h = TOKENS // s, HIDDEN // d
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    d, causal, s, *shape = (int(x) for x in case.split(","))
+    b, h, hk = shape if shape else (TOKENS // s, HIDDEN // d, HIDDEN // d)
+    q, k = inputs(b, s, h, d), inputs(b, s, hk, d)
+    v = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dout = torch.randn_like(q)
     for impl in ("flash_attn2", "sdpa_cudnn"):
         out = make_fn(impl, q, k, v, bool(causal))()
@@ -30,6 +42,6 @@ for case in sys.argv[1:]:
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 per_kernel[e.name[:90]] += e.device_time / REPS / 1000  # ms per backward
         total = sum(per_kernel.values())
-        print(f"d{d} causal={causal} s={s} {impl}: {total:.3f} ms per backward")
+        print(f"d{d} causal={causal} s={s} b={b} h={h}:{hk} {impl}: {total:.3f} ms per backward")
         for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:6]:
             print(f"    {ms:8.3f} ms {100 * ms / total:5.1f}%  {name}")
