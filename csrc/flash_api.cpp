@@ -136,6 +136,7 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
     if (cu.device() != q.device()) {
       value_error(name + " must be on q's device " + device_str(q.device()) + ", got " + device_str(cu.device()));
     }
+    if (!cu.is_contiguous()) value_error(name + " must be contiguous, got strides " + tuple_str(cu.strides()));
   }
   if (cu_seqlens_q->size(0) != cu_seqlens_k->size(0)) {
     value_error("cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got " +

@@ -101,6 +101,8 @@ def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):
             raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
         if cu.device != q.device:
             raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {cu.device}")
+        if not cu.is_contiguous():
+            raise ValueError(f"flash_attn2: {name} must be contiguous, got strides {tuple(cu.stride())}")
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
         raise ValueError(f"flash_attn2: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
                          f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")

@@ -9,6 +9,7 @@ checks the tensors (flash_attn2/_checks.py) and whose autograd formula calls tor
 from __future__ import annotations
 
 import math
+import operator
 import os
 
 import torch
@@ -24,12 +25,20 @@ CHECK_INPUTS_ENV = "FLASH_ATTN2_CHECK_INPUTS"
 # Checks of the other arguments: each error names the argument and what was expected.
 
 
+FLOAT32_MIN, FLOAT32_MAX = 1.1754943508222875e-38, 3.4028234663852886e38  # normal float32 range
+
+
 def _as_float(x) -> float:
     """x as a float, or NaN where it is none (which every range check below then refuses)."""
     try:
         return float(x)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return math.nan
+
+
+def _positive_float32(value: float) -> bool:
+    """A positive value the kernels' float32 holds as itself (not 0 or inf, and not a subnormal)."""
+    return FLOAT32_MIN <= value <= FLOAT32_MAX
 
 
 def _dropout_p(dropout_p) -> float:
@@ -44,17 +53,23 @@ def _check_unsupported(block_table=None):
         raise NotImplementedError("flash_attn2: block_table (paged KV cache) is not supported yet; pass block_table=None")
 
 
-def _window(causal: bool, window_size, max_seqlen_k: int) -> tuple[bool, int, int]:
-    """flash-attn's window semantics -> (causal, left, right): a negative side, or one at least max_seqlen_k
-    wide, is unbounded (-1); causal sets right = 0; a window of (-1, 0) is causal."""
-    if window_size == (-1, -1):  # the default, on every call
+def _window(causal: bool, window_size, max_seqlen_q: int, max_seqlen_k: int) -> tuple[bool, int, int]:
+    """flash-attn's window semantics -> (causal, left, right): a negative side is unbounded (-1), and so is one
+    that reaches past every sequence's corner, left >= max_seqlen_k or right >= max_seqlen_q (the kernels' Window
+    rule: with the bottom-right alignment, right = r leaves the first seqlen_q - 1 - r rows short of the last key,
+    so flash-attn's right >= seqlen_k, which drops the window, would change rows where seqlen_q > seqlen_k + 1);
+    causal sets right = 0; a window of (-1, 0) is causal."""
+    if type(window_size) is tuple and window_size == (-1, -1):  # the default, on every call
         return causal, -1, -1
     try:
-        left, right = (int(w) for w in window_size)
+        if not isinstance(window_size, (tuple, list)):
+            raise TypeError
+        left, right = (operator.index(w) for w in window_size)  # ints, not floats
     except (TypeError, ValueError):
-        raise ValueError(f"flash_attn2: window_size must be a pair of ints, got {window_size!r}") from None
+        raise ValueError(f"flash_attn2: window_size must be a pair of ints (left, right), -1 for unbounded, got "
+                         f"{window_size!r}") from None
     left = -1 if left < 0 or left >= max_seqlen_k else left
-    right = -1 if right < 0 or right >= max_seqlen_k else right
+    right = -1 if right < 0 or right >= max_seqlen_q else right
     if causal:
         right = 0
     return left == -1 and right == 0, left, right
@@ -80,17 +95,19 @@ def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
 
 def _softcap(softcap) -> float:
     value = _as_float(softcap)
-    if not math.isfinite(value) or value < 0.0:
-        raise ValueError(f"flash_attn2: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
+    if not (value == 0.0 or _positive_float32(value)):
+        raise ValueError(f"flash_attn2: softcap must be 0 (off) or a positive finite float32 "
+                         f"({FLOAT32_MIN:.3g}..{FLOAT32_MAX:.3g}), got {softcap!r}")
     return value
 
 
 def _softmax_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
-        return head_dim ** (-0.5)
-    scale = float(softmax_scale)
-    if not math.isfinite(scale) or scale <= 0.0:
-        raise ValueError(f"flash_attn2: softmax_scale must be a positive finite float, got {softmax_scale!r}")
+        return head_dim ** (-0.5) if head_dim > 0 else 1.0  # the tensor checks refuse a head dim of 0
+    scale = _as_float(softmax_scale)
+    if not _positive_float32(scale):
+        raise ValueError(f"flash_attn2: softmax_scale must be a positive finite float32 "
+                         f"({FLOAT32_MIN:.3g}..{FLOAT32_MAX:.3g}), got {softmax_scale!r}")
     return scale
 
 
@@ -148,9 +165,10 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         check_max_seqlen(max_seqlen_q, max_seqlen_k)
     else:
         max_seqlen_q = max_seqlen_k = 0  # unused: the shapes give the lengths
-    # No sequence is longer than k's rows (dim -3 of a valid k, fixed-length or varlen): a window at least
-    # that wide is no window.
-    causal, left, right = _window(bool(causal), window_size, k.shape[-3] if k.dim() >= 3 else 0)
+    # No sequence is longer than q's / k's rows (dim -3 of valid tensors, fixed-length or varlen): a side at
+    # least that wide is no window.
+    causal, left, right = _window(bool(causal), window_size, q.shape[-3] if q.dim() >= 3 else 0,
+                                  k.shape[-3] if k.dim() >= 3 else 0)
     scale = _softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
     checking_values = varlen and _checking_inputs()
     if not q.is_cuda or checking_values:
@@ -195,6 +213,15 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
                       alibi_slopes, deterministic, return_attn_probs)
 
 
+def _packed(t, name: str, dim: int, count: int, layout: str):
+    """The count tensors packed in t along dim, or an error naming t and its expected layout."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != layout.count(",") + 1 or t.shape[dim] != count:
+        raise ValueError(f"flash_attn2: {name} must be {layout}, got shape {tuple(t.shape)}")
+    return t.unbind(dim=dim)
+
+
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
@@ -206,6 +233,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
     Zero-length sequences are allowed. With return_attn_probs, softmax_lse is (nheads, total_q) fp32.
     """
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):  # None would make the call a fixed-length one
+            raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
 
@@ -213,7 +243,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                               softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """qkv (batch, seqlen, 3, nheads, headdim)."""
-    q, k, v = qkv.unbind(dim=2)
+    q, k, v = _packed(qkv, "qkv", 2, 3, "(batch, seqlen, 3, nheads, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs)
 
@@ -221,7 +251,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim)."""
-    k, v = kv.unbind(dim=2)
+    k, v = _packed(kv, "kv", 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                            deterministic, return_attn_probs)
 
@@ -230,7 +260,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                                      return_attn_probs=False):
     """qkv (total, 3, nheads, headdim)."""
-    q, k, v = qkv.unbind(dim=1)
+    q, k, v = _packed(qkv, "qkv", 1, 3, "(total, 3, nheads, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
                                   causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
 
@@ -239,7 +269,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=False, return_attn_probs=False):
     """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim)."""
-    k, v = kv.unbind(dim=1)
+    k, v = _packed(kv, "kv", 1, 2, "(total_k, 2, nheads_k, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                                   return_attn_probs)

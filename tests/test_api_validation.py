@@ -49,16 +49,54 @@ def test_bad_alibi_slopes(slopes, error, match):
         flash_attn2.flash_attn_func(*qkv(), alibi_slopes=slopes)
 
 
-@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf"), "x", None])
+@pytest.mark.parametrize("softcap", [-1.0, float("nan"), float("inf"), "x", None, 1e-46, 1e39, 10 ** 400])
 def test_bad_softcap(softcap):
-    with pytest.raises(ValueError, match="softcap must be a finite float >= 0"):
+    """Values float32 would turn into 0 (softcap off) or inf are refused too."""
+    with pytest.raises(ValueError, match=r"softcap must be 0 \(off\) or a positive finite float32"):
         flash_attn2.flash_attn_func(*qkv(), softcap=softcap)
 
 
-@pytest.mark.parametrize("window_size", [(8,), (1, 2, 3), "ab", (None, 0), 5])
+@pytest.mark.parametrize("window_size", [(8,), (1, 2, 3), "ab", (None, 0), 5, (2.7, 0), (float("inf"), 0), {1, 2},
+                                         ("3", "4"), torch.tensor([-1, -1])])
 def test_bad_window_size(window_size):
     with pytest.raises(ValueError, match="window_size must be a pair of ints"):
         flash_attn2.flash_attn_func(*qkv(), window_size=window_size)
+
+
+def test_varlen_needs_cu_seqlens():
+    """Both cu_seqlens None would make flash_attn_varlen_func a fixed-length call, its max_seqlen unread."""
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="cu_seqlens_q must be a torch.Tensor, got NoneType"):
+        flash_attn2.flash_attn_varlen_func(q, k, v, None, None, -5, "junk")
+
+
+@pytest.mark.parametrize("call, args, match", [
+    ("flash_attn_qkvpacked_func", lambda: (torch.randn(2, 16, 2, 4, 64, dtype=BF16),),
+     r"qkv must be \(batch, seqlen, 3, nheads, headdim\), got shape \(2, 16, 2, 4, 64\)"),
+    ("flash_attn_qkvpacked_func", lambda: (torch.randn(16, 3, 4, 64, dtype=BF16),),
+     r"qkv must be \(batch, seqlen, 3, nheads, headdim\), got shape \(16, 3, 4, 64\)"),
+    ("flash_attn_kvpacked_func", lambda: (qkv()[0], torch.randn(2, 16, 3, 4, 64, dtype=BF16)),
+     r"kv must be \(batch, seqlen_k, 2, nheads_k, headdim\)"),
+    ("flash_attn_varlen_qkvpacked_func", lambda: (torch.randn(10, 2, 4, 64, dtype=BF16), varlen_args()[3], 6),
+     r"qkv must be \(total, 3, nheads, headdim\)"),
+    ("flash_attn_varlen_kvpacked_func", lambda: (varlen_args()[0], [1, 2], *varlen_args()[3:]),
+     "kv must be a torch.Tensor, got list"),
+])
+def test_bad_packed_tensors(call, args, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        getattr(flash_attn2, call)(*args())
+
+
+def test_window_normalization_rules():
+    """A side is dropped (-1) only where it reaches past every row's corner: left >= seqlen_k, right >= seqlen_q
+    (bottom-right alignment: with seqlen_q > seqlen_k + 1 a right edge of seqlen_k still hides keys from the
+    first rows, which flash-attn's right >= seqlen_k rule would show them)."""
+    window = flash_attn2.flash_attn_interface._window
+    assert window(False, (-1, 2), 8, 2) == (False, -1, 2)
+    assert window(False, (-1, 8), 8, 2) == (False, -1, -1)
+    assert window(False, (2, -1), 8, 2) == (False, -1, -1) and window(False, (1, 3), 8, 2) == (False, 1, 3)
+    assert window(False, (-1, 0), 4, 4) == (True, -1, 0) and window(True, (9, 5), 4, 4) == (True, -1, 0)
+    assert window(False, [3, 1], 4, 4) == (False, 3, 1)
 
 
 def test_block_table_not_implemented():
@@ -77,6 +115,7 @@ TENSOR_CASES = [
     (lambda d: (qkv(device=d)[0][..., ::2], *qkv(d=32, device=d)[1:]), ValueError,
      "q must have a contiguous last dimension"),
     (lambda d: qkv(d=264, device=d), ValueError, r"head dim \(q.shape\[-1\]\) must be in 1..256"),
+    (lambda d: qkv(d=0, device=d), ValueError, r"head dim \(q.shape\[-1\]\) must be in 1..256"),
     (lambda d: qkv(h=6, hk=4, device=d), ValueError,
      r"q's nheads \(6\) must be a positive multiple of k/v's nheads \(4\)"),
     (lambda d: (*qkv(device=d)[:2], qkv(sk=17, device=d)[2]), ValueError, "k and v must have the same shape"),
@@ -100,9 +139,9 @@ def test_cpu_tensors_reach_the_device_check_last():
         flash_attn2.flash_attn_func(*qkv())
 
 
-@pytest.mark.parametrize("scale", [-1.0, 0.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("scale", [-1.0, 0.0, float("nan"), float("inf"), "x", [1.0], 1j, 1e-46, 1e39])
 def test_bad_softmax_scale(scale):
-    with pytest.raises(ValueError, match="softmax_scale must be a positive finite float"):
+    with pytest.raises(ValueError, match="softmax_scale must be a positive finite float32"):
         flash_attn2.flash_attn_func(*qkv(), softmax_scale=scale)
 
 
@@ -118,6 +157,8 @@ VARLEN_CASES = [
     (lambda a, d: a.__setitem__(0, a[0][None]), ValueError, r"q must be 3-D \(total_tokens, nheads, headdim\)"),
     (lambda a, d: a.__setitem__(3, [0, 4, 10]), TypeError, "cu_seqlens_q must be a torch.Tensor"),
     (lambda a, d: a.__setitem__(4, None), TypeError, "cu_seqlens_k must be a torch.Tensor, got NoneType"),
+    (lambda a, d: a.__setitem__(3, torch.tensor([0, 0, 4, 0, 10, 0], dtype=torch.int32, device=d)[::2]), ValueError,
+     r"cu_seqlens_q must be contiguous, got strides \(2,\)"),
 ]
 
 

@@ -59,7 +59,7 @@ def backend(request, monkeypatch):
             return flash_attn2.flash_attn_func(q, k, v, **kwargs)
         with pytest.raises(ValueError, match="CUDA tensors"):  # every argument check but the device's passes
             flash_attn2.flash_attn_func(q, k, v, **kwargs)
-        causal, window = reference_mask(kwargs, k.shape[1])
+        causal, window = reference_mask(kwargs, q.shape[1], k.shape[1])
         return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window, softcap=kwargs["softcap"])[0]
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
@@ -69,7 +69,7 @@ def backend(request, monkeypatch):
         with pytest.raises(ValueError, match="CUDA tensors"):
             flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs)
         assert (max_q, max_k) == (int(cu_q.diff().max()), int(cu_k.diff().max()))
-        causal, window = reference_mask(kwargs, max_k)
+        causal, window = reference_mask(kwargs, max_q, max_k)
         return attention_ref_varlen(q, k, v, cu_q, cu_k, causal, kwargs["softmax_scale"], window=window,
                                     softcap=kwargs["softcap"])[0]
 
@@ -79,9 +79,9 @@ def backend(request, monkeypatch):
                            config=GPU_CONFIG if cuda else CPU_CONFIG, seq_len=100 if cuda else 16, calls=calls)
 
 
-def reference_mask(kwargs, seqlen_k):
+def reference_mask(kwargs, seqlen_q, seqlen_k):
     """(causal, window) for the reference from the kernel call's arguments, by flash-attn's window rules."""
-    causal, left, right = _window(kwargs["causal"], kwargs.get("window_size", (-1, -1)), seqlen_k)
+    causal, left, right = _window(kwargs["causal"], kwargs.get("window_size", (-1, -1)), seqlen_q, seqlen_k)
     return causal, (left, right)
 
 

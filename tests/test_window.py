@@ -1,6 +1,8 @@
 """Sliding-window attention (flash-attn's window_size) against a float32 reference (GPU): forward and
 backward, both paths, every compiled head dim and dtype."""
 
+import math
+
 import pytest
 import torch
 
@@ -164,7 +166,8 @@ def test_window_bwd_head_splits(backend, monkeypatch):
 
 
 def test_window_normalization():
-    """flash-attn's rules: a side at least seqlen_k wide is no window; causal sets right to 0; (-1, 0) is causal."""
+    """A left side at least seqlen_k or a right side at least seqlen_q wide is no window; causal sets right to 0;
+    (-1, 0) is causal."""
     require_kernel(64, torch.bfloat16)
     q, k, v = (randn(1, 200, 2, 64, dtype=torch.bfloat16) for _ in range(3))
     full = flash_attn2.flash_attn_func(q, k, v)
@@ -174,3 +177,16 @@ def test_window_normalization():
     same(flash_attn2.flash_attn_func(q, k, v, window_size=(200, 500)), full)
     same(flash_attn2.flash_attn_func(q, k, v, window_size=(-5, -7)), full)
     same(flash_attn2.flash_attn_func(q, k, v, causal=True, window_size=(300, 40)), causal)
+
+
+def test_window_right_edge_with_more_queries_than_keys():
+    """seqlen_q > seqlen_k + 1: a right edge of seqlen_k or more still hides every key from the first rows
+    (query i sees j <= i + seqlen_k - seqlen_q + right); those rows get output 0 and LSE -inf, through the
+    public API (whose window rules once dropped such an edge, as flash-attn's right >= seqlen_k does)."""
+    require_kernel(64, torch.bfloat16)
+    q, k, v = dense_inputs(2, 300, 40, 4, 1, 64, torch.bfloat16)
+    for right in (40, 100, 298):
+        out, lse, _ = flash_attn2.flash_attn_func(q, k, v, window_size=(-1, right), return_attn_probs=True)
+        check_out(out, lse, lambda up: attention_ref(q, k, v, False, upcast=up, window=(-1, right)))
+        hidden = 300 - 40 - right  # rows that see no key
+        assert hidden <= 0 or (out[:, :hidden].abs().max() == 0 and (lse[:, :, :hidden] == -math.inf).all())
