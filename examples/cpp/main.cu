@@ -332,6 +332,22 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   fa::BwdParams bad_bwd = g;
   bad_bwd.version = FLASH_ATTN2_PARAMS_VERSION + 1;
   ok &= check_refused("run_bwd, version + 1", fa::run_bwd(bad_bwd, stream), "version");
+  {  // dout with a zero row stride (expanded; the torch op copies it): the Hopper backward's TMA cannot read it.
+     // A library with the SM80 path runs that one; one without refuses, naming dout.
+    fa::BwdParams expanded = g;
+    expanded.do_row_stride = 0;
+    DeviceBuffer softmax_d(fa::bwd_softmax_d_elems(expanded) * sizeof(float));
+    DeviceBuffer dq_accum(fa::bwd_dq_accum_elems(expanded) * sizeof(float));
+    expanded.softmax_d = softmax_d.as<float>();
+    expanded.dq_accum = dq_accum.as<float>();
+    const cudaError_t err = fa::run_bwd(expanded, stream);
+    if (err == cudaSuccess) {
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::printf("    run_bwd, dout row stride 0: ran on the SM80 path  ok\n");
+    } else {
+      ok &= check_refused("run_bwd, dout row stride 0", err, "dout");
+    }
+  }
   bad = p;
   bad.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   ok &= check_refused("run_fwd, softmax_scale NaN", fa::run_fwd(bad, stream), "softmax_scale");
