@@ -79,6 +79,15 @@ def backend(request, monkeypatch):
                            config=GPU_CONFIG if cuda else CPU_CONFIG, seq_len=100 if cuda else 16, calls=calls)
 
 
+@pytest.fixture
+def looked(monkeypatch):
+    """(batch, seq_len) of each look for packed sequences (a device sync) the integration makes."""
+    calls = []
+    find = integration._find_packing
+    monkeypatch.setattr(integration, "_find_packing", lambda *args: calls.append(args[1:]) or find(*args))
+    return calls
+
+
 def reference_mask(kwargs, seqlen_q, seqlen_k):
     """(causal, window) for the reference from the kernel call's arguments, by flash-attn's window rules."""
     causal, left, right = _window(kwargs["causal"], kwargs.get("window_size", (-1, -1)), seqlen_q, seqlen_k)
@@ -192,14 +201,11 @@ def test_packed_sequences_match_separate(backend, rows, use_cache, given_seqlens
 
 @pytest.mark.parametrize("positions, use_cache", [("packed", False), ("packed", True), ("plain", False)],
                          ids=["packed", "packed_cache", "plain"])
-def test_packing_looked_for_where_the_models_mask_looks(backend, monkeypatch, positions, use_cache):
+def test_packing_looked_for_where_the_models_mask_looks(backend, looked, positions, use_cache):
     """Finding packed rows reads position_ids back (a device sync). For a batch of several rows it runs only
     where the model's own mask found packing (create_causal_mask looks when the model holds no KV cache), so
     ours attends as sdpa does from the same inputs: per sequence, or, with a cache, across the row."""
     model, ref, lowp = tiny_llama(backend)
-    looked = []
-    find = integration._find_packing
-    monkeypatch.setattr(integration, "_find_packing", lambda *args: looked.append(args[1:]) or find(*args))
     L = backend.seq_len
     ids = torch.randint(backend.config["vocab_size"], (2, L), device=backend.device)
     position_ids = torch.arange(L, device=backend.device).repeat(2, 1)
@@ -223,14 +229,11 @@ def test_packing_looked_for_where_the_models_mask_looks(backend, monkeypatch, po
 
 @pytest.mark.parametrize("positions, use_cache",
                          [("plain", False), ("plain", True), ("packed", False), ("packed", True)])
-def test_one_row_reads_position_ids_once(backend, monkeypatch, positions, use_cache):
+def test_one_row_reads_position_ids_once(backend, looked, positions, use_cache):
     """A batch of one row: packed sequences are found as transformers' flash path finds them, cache or not
     (position ids that restart: per sequence). Without a KV cache the model's mask has read position_ids
     already (a device sync); where it found one sequence, attention takes that answer instead of a second sync."""
     model, ref, lowp = tiny_llama(backend)
-    looked = []
-    find = integration._find_packing
-    monkeypatch.setattr(integration, "_find_packing", lambda *args: looked.append(args[1:]) or find(*args))
     L = backend.seq_len
     ids = torch.randint(backend.config["vocab_size"], (1, L), device=backend.device)
     position_ids = torch.arange(L, device=backend.device)[None]
@@ -252,13 +255,10 @@ def test_one_row_reads_position_ids_once(backend, monkeypatch, positions, use_ca
         assert looked == [(1, L)]
 
 
-def test_inference_mode(backend, monkeypatch):
+def test_inference_mode(backend, looked):
     """Tensors made under torch.inference_mode keep no version counter: the packing answers are kept for them by
     identity, for one forward, and sdpa models (whose masks call the function the integration wraps) run too."""
     model, ref, lowp = tiny_llama(backend)
-    looked = []
-    find = integration._find_packing
-    monkeypatch.setattr(integration, "_find_packing", lambda *args: looked.append(args[1:]) or find(*args))
     L = backend.seq_len
     ids = torch.randint(backend.config["vocab_size"], (1, L), device=backend.device)
     with torch.inference_mode():
@@ -310,20 +310,17 @@ def test_float32_inputs_run_in_transformers_target_dtype(backend, context):
     assert max_error(out, expected) < 1e-2
 
 
-def test_packing_is_found_once_per_position_ids(monkeypatch):
+def test_packing_is_found_once_per_position_ids(looked):
     """Every layer gets the same position_ids: the packing answer (a device sync) is computed once for it, and
     again for a new tensor or after an in-place change."""
-    calls = []
-    find = integration._find_packing
-    monkeypatch.setattr(integration, "_find_packing", lambda *a: calls.append(1) or find(*a))
     packed = torch.tensor([[0, 1, 2, 0, 1, 0]])
     for _ in range(3):
         cu_seqlens, max_seqlen = integration._packed_cu_seqlens(packed, 1, 6)
-    assert len(calls) == 1 and cu_seqlens.tolist() == [0, 3, 5, 6] and max_seqlen == 3
+    assert len(looked) == 1 and cu_seqlens.tolist() == [0, 3, 5, 6] and max_seqlen == 3
     packed[0, 3:] = torch.tensor([3, 4, 5])  # one sequence now
-    assert integration._packed_cu_seqlens(packed, 1, 6) is None and len(calls) == 2
-    assert integration._packed_cu_seqlens(torch.arange(6)[None], 1, 6) is None and len(calls) == 3
-    assert integration._packed_cu_seqlens(packed, 2, 6) is None and len(calls) == 4  # another batch size
+    assert integration._packed_cu_seqlens(packed, 1, 6) is None and len(looked) == 2
+    assert integration._packed_cu_seqlens(torch.arange(6)[None], 1, 6) is None and len(looked) == 3
+    assert integration._packed_cu_seqlens(packed, 2, 6) is None and len(looked) == 4  # another batch size
 
 
 # ----------------------------------------------------------------------------------------------------
