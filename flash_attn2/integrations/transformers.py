@@ -82,11 +82,17 @@ def register() -> None:
     """Make `attn_implementation="flash_attn2"` available to every transformers model. Idempotent."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, flash_attn2_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attn2_mask)
-    if not getattr(_hf_flash_utils._lazy_imports, "_flash_attn2", False):
-        _hf_flash_utils._lazy_imports = _answer_flash_preload(_hf_flash_utils._lazy_imports)
-    if not getattr(_hf_masking_utils.find_packed_sequence_indices, "_flash_attn2", False):
-        _hf_masking_utils.find_packed_sequence_indices = _remember_mask_read(
-            _hf_masking_utils.find_packed_sequence_indices)
+    _wrap_once(_hf_flash_utils, "_lazy_imports", _answer_flash_preload)
+    _wrap_once(_hf_masking_utils, "find_packed_sequence_indices", _remember_mask_read)
+
+
+def _wrap_once(module, name: str, wrap) -> None:
+    """module.name = wrap(module.name), unless it is ours already (register() may run any number of times)."""
+    original = getattr(module, name)
+    if not getattr(original, "_flash_attn2", False):
+        wrapped = wrap(original)
+        wrapped._flash_attn2 = True
+        setattr(module, name, wrapped)
 
 
 def _answer_flash_preload(original):
@@ -100,8 +106,6 @@ def _answer_flash_preload(original):
         if implementation == ATTN_IMPLEMENTATION:
             return flash_attn_func, flash_attn_varlen_func, None, pad_input, unpad_input
         return original(implementation, *args, **kwargs)
-
-    _lazy_imports._flash_attn2 = True
     return _lazy_imports
 
 
@@ -117,8 +121,6 @@ def _remember_mask_read(original):
             global _mask_read
             _mask_read = (weakref.ref(position_ids), _version(position_ids), found is None)
         return found
-
-    find_packed_sequence_indices._flash_attn2 = True
     return find_packed_sequence_indices
 
 
