@@ -112,6 +112,8 @@ bool requested_backend(std::string* backend) {
   return false;
 }
 
+constexpr const char* kNoSm80Path = "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)";
+
 // The forward kernel for this call: the Hopper one on an sm_90 GPU when built, else the SM80 one;
 // FLASH_ATTN2_BACKEND=sm80 or sm90 insists on one. nullptr when none can serve the call, with last_error
 // saying why and *err the code.
@@ -130,7 +132,7 @@ FwdLauncher pick_fwd(const Kernels& k, cudaError_t* err) {
     why = "FLASH_ATTN2_BACKEND=sm90, but the Hopper forward was not built or the GPU is not sm_90";
   } else {
     fwd = k.fwd_sm80;
-    why = "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)";
+    why = kNoSm80Path;
   }
   if (fwd == nullptr) fail(*err, std::move(why));
   return fwd;
@@ -154,8 +156,7 @@ BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, const std::string& ba
   if (k.bwd_sm80 != nullptr) return k.bwd_sm80;
   if (backend == "sm80" || k.bwd_sm90 == nullptr || !device_is_sm90()) {
     *err = cudaErrorNotSupported;
-    fail(*err, backend == "sm80" ? "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)"
-                                 : "no backward kernel for this GPU");
+    fail(*err, backend == "sm80" ? kNoSm80Path : "no backward kernel for this GPU");
   } else {
     *err = cudaErrorInvalidValue;
     fail(*err, "dout's row stride, and its head and batch strides where it has more than one head or batch "
