@@ -43,8 +43,8 @@ __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRan
 
 // Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), each warpgroup's Q slab
 // once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
-// `leader` issues, and releases each stage at once for the warpgroups whose rows do not see its block
-// (they skip it). The pipeline states carry over from tile to tile.
+// `leader` issues. Every consumer warpgroup releases every stage, those it skips too (fwd_consume_tile).
+// The pipeline states carry over from tile to tile.
 template <class Traits, bool kExtended>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
@@ -77,28 +77,13 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor tVgV = get<0>(tV);  // (TMA, n) coordinates in v
   Tensor tVsV = get<1>(tV);  // (TMA, stages)
 
-  // The warpgroups past their last block (n >= n_max of their rows) skip it; every block is someone's.
-  const Window window(seq.len_q, seq.len_k, p);
-  int wg_n_max[Traits::kConsumerWarpgroups];
-  CUTE_UNROLL
-  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
-    wg_n_max[w] = warpgroup_block_range<Traits, kExtended>(window, blocks, m_block, w).n_max;
-  }
-  auto release_for_skippers = [&](uint64_t* empty, int n_block) {
-    CUTE_UNROLL
-    for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
-      if (n_block >= wg_n_max[w]) barrier_arrive(empty);
-    }
-  };
   // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
-  // Arrivals for skippers come after that wait, so they count toward the stage's current use.
   // K or V block n_block into the current stage, behind that tensor's empty / full barriers.
   auto load_kv = [&](const auto& tma, const auto& tXgX, const auto& tXsX, uint64_t* full, uint64_t* empty, int n_block) {
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) {
       barrier_expect_tx(&full[state.stage], Traits::kKVBytes);
       copy(tma.with(full[state.stage]), tXgX(_, n_block), tXsX(_, state.stage));
-      release_for_skippers(&empty[state.stage], n_block);
     }
   };
   auto load_k = [&](int n_block) { load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block); };
@@ -285,13 +270,28 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     if (release_thread) barrier_arrive(&smem.q_empty[warpgroup]);
   };
 
-  // The blocks this warpgroup skips come first (the producer released their stages for it).
+  // Barriers are waited by parity, so every warp must see every phase of a barrier it waits on, and a stage
+  // may be released only once all four warps have: otherwise the stage's next load can land first, and a
+  // late warp takes that phase for the one it missed (reading the wrong block) or waits for a phase that
+  // needs its own release. Outside a wgmma (which all four warps issue) that takes a warpgroup barrier.
+  auto warpgroup_sync = [&] { named_barrier_sync(128, int(Barrier::kEpilogue0) + warpgroup); };
+  // The blocks this warpgroup skips come first; it waits for each to land, then releases it.
   const BlockRange blocks = warpgroup_block_range<Traits, kExtended>(window, tile_blocks, m_block, warpgroup);
   const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
-  k_state.template advance<Traits::kStages>(skipped);
-  v_state.template advance<Traits::kStages>(skipped);
   #pragma unroll 1
-  for (int i = 0; i < skipped + (own == 0); ++i) { turn_begin(); turn_end(); }
+  for (int i = 0; i < skipped; ++i) {
+    turn_begin();
+    turn_end();
+    barrier_wait(&smem.k_full[k_state.stage], k_state.phase);
+    barrier_wait(&smem.v_full[v_state.stage], v_state.phase);
+    warpgroup_sync();
+    release(smem.k_empty, k_state);
+    release(smem.v_empty, v_state);
+  }
+  if (own == 0) {
+    turn_begin();
+    turn_end();
+  }
   barrier_wait(&smem.q_full[warpgroup], q_phase);
   if (own > 0) {
     int n_block = blocks.n_max - 1;
@@ -325,6 +325,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     warpgroup_wait<0>();
     release(smem.v_empty, v_state);
   } else if (Traits::kSeparateO) {
+    warpgroup_sync();
     release_q();
   }
 

@@ -41,12 +41,6 @@ struct PipelineState {
   __device__ void advance() {
     if (++stage == kStages) { stage = 0; phase ^= 1; }
   }
-  template <int kStages>
-  __device__ void advance(int count) {  // count >= 0
-    const int next = stage + count;
-    phase ^= uint32_t(next / kStages) & 1u;
-    stage = next % kStages;
-  }
 };
 
 __device__ __forceinline__ void barrier_init(uint64_t* bar, int count) { cutlass::arch::ClusterBarrier::init(bar, count); }
