@@ -78,12 +78,13 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor tVsV = get<1>(tV);  // (TMA, stages)
 
   // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
-  // K or V block n_block into the current stage, behind that tensor's empty / full barriers.
+  // K or V block n_block into the current stage, behind that tensor's empty / full barriers. K and V are read
+  // by the (batch, head)'s other tiles too: kept in L2 first; Q once: evicted first.
   auto load_kv = [&](const auto& tma, const auto& tXgX, const auto& tXsX, uint64_t* full, uint64_t* empty, int n_block) {
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) {
       barrier_expect_tx(&full[state.stage], Traits::kKVBytes);
-      copy(tma.with(full[state.stage]), tXgX(_, n_block), tXsX(_, state.stage));
+      copy(tma.with(full[state.stage], 0, TMA::CacheHintSm90::EVICT_LAST), tXgX(_, n_block), tXsX(_, state.stage));
     }
   };
   auto load_k = [&](int n_block) { load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block); };
@@ -91,13 +92,24 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block);
     state.template advance<Traits::kStages>();
   };
+  // The loads below wait for this tile's stages and slabs to free up; until then the tile's first bytes
+  // move from DRAM into L2 (short causal tiles spend much of their time at tile boundaries: TUNING 55).
+  if (leader) {
+    CUTE_UNROLL
+    for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
+      prefetch(args.tma_q, tQgQ(_, m_block * Traits::kConsumerWarpgroups + w));
+    }
+    prefetch(args.tma_k, tKgK(_, blocks.n_max - 1));
+    prefetch(args.tma_v, tVgV(_, blocks.n_max - 1));
+  }
   load_k(blocks.n_max - 1);
   CUTE_UNROLL
   for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {  // in the order the warpgroups free their slabs
     barrier_wait(&smem.q_empty[w], q_phase ^ 1);
     if (leader) {
       barrier_expect_tx(&smem.q_full[w], Traits::kQBytes);
-      copy(args.tma_q.with(smem.q_full[w]), tQgQ(_, m_block * Traits::kConsumerWarpgroups + w), tQsQ(_, w));
+      copy(args.tma_q.with(smem.q_full[w], 0, TMA::CacheHintSm90::EVICT_FIRST),
+           tQgQ(_, m_block * Traits::kConsumerWarpgroups + w), tQsQ(_, w));
     }
   }
   load_v(blocks.n_max - 1);
@@ -344,7 +356,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const int epilogue_barrier = int(Barrier::kEpilogue0) + warpgroup;
   if (release_thread) tma_store_wait<0>();  // the last tile's store has read the slab
   named_barrier_sync(128, epilogue_barrier);  // and so have the row stores, and this tile's S = Q K^T
-  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<AutoVectorizingCopyWithAssumedAlignment<128>, Element>{}, mma_o);
+  // stmatrix: one instruction per four 8 x 8 blocks of O (16 per thread at d 256, against 64 4-byte stores).
+  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
   auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
   cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
 
