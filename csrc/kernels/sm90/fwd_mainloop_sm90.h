@@ -202,7 +202,9 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // anything (the next sequence's, or rows outside every sequence). Those keys are masked (P = 0), but
   // 0 x NaN is NaN, so their V rows are zeroed before any P V reads them: by the last warpgroup that
   // reads the block, while the others that read it wait at a barrier. Fixed length gets zeros from TMA's
-  // out-of-bounds fill. Called after the first S = Q K^T, outside the ping-pong turns.
+  // out-of-bounds fill. Called after the first S = Q K^T, outside the ping-pong turns. The barrier's count
+  // changes from tile to tile: safe because varlen grids are one block per tile (fwd_launch_sm90.h), so no
+  // warpgroup can reach it for the next tile while others wait in this one.
   auto zero_v_tail = [&](int tail) {
     int readers = 0, zeroer = 0;
     CUTE_UNROLL
