@@ -144,6 +144,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   using namespace sm90;
   constexpr int kStages = Traits::kStages, kGroups = Traits::kConsumerWarpgroups;
   static_assert(kGroups <= 3, "the producer warpgroup has a loader warp and one dQ writer warp per consumer warpgroup");
+  static_assert(int(BwdBarrier::kdQEmpty0) + kGroups <= 8, "named barrier ids: 8 of the 16 are CUTLASS's");
   extern __shared__ __align__(1024) char smem_buf[];
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = args.params;
