@@ -173,13 +173,28 @@ def test_many_tiles_per_block(seqlen_q, seqlen_k, causal, tile_order, head_dim, 
     check_dense_forward(3, seqlen_q, seqlen_k, 48, 4, head_dim, causal, dtype)
 
 
-def test_repeatable():
-    """The same inputs give bitwise the same outputs: a moving error would mean a race."""
-    require_kernel(128, torch.bfloat16)
-    q, k, v = (randn(2, 1023, 8, 128, dtype=torch.bfloat16) for _ in range(3))
-    first = flash_attn2.flash_attn_func(q, k, v, causal=True)
-    for _ in range(5):
-        assert torch.equal(flash_attn2.flash_attn_func(q, k, v, causal=True), first)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("tile_order", [None, "static"])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1023, 300), (300, 1023)])
+def test_repeatable(seqlen_q, seqlen_k, tile_order, head_dim, monkeypatch):
+    """The same inputs give bitwise the same out and LSE, run after run (NaN-poisoned each time): a moving
+    error means a race. Causal with many tiles per block, warpgroups that skip a tile's last blocks or have
+    none, tiles with no visible key: the shape of the skipped-block race of TUNING step 62, which changed
+    about one run in 200 at d 256 (200 runs see such a race about two times in three, per order and shape)."""
+    require_kernel(head_dim, torch.bfloat16)
+    if tile_order is not None:
+        monkeypatch.setenv("FLASH_ATTN2_TILE_ORDER", tile_order)
+    q, k, v = dense_inputs(3, seqlen_q, seqlen_k, 48, 4, head_dim, torch.bfloat16)
+
+    def run():
+        out, lse = poisoned(q.shape, q.dtype), poisoned((3, 48, seqlen_q), torch.float32)
+        return _flash_attn_forward(q, k, v, None, None, seqlen_q, seqlen_k, head_dim**-0.5, True, out, lse)
+
+    first_out, first_lse = run()
+    check(first_out, first_lse, q, k, v, True)
+    for i in range(200):
+        out, lse = run()
+        assert torch.equal(out, first_out) and torch.equal(lse, first_lse), f"run {i + 1} differs from the first"
 
 
 def test_many_blocks_and_over_2_31_elements():
