@@ -24,8 +24,8 @@ namespace flash_attn2 {
 namespace sm90 {
 
 // Named barriers (ids above CUTLASS's reserved ones).
-// Per consumer warpgroup (at most 3): its ping-pong turn, its epilogue; then the zeroed V tail (varlen).
-enum class Barrier : int { kWarpgroup0 = 0, kEpilogue0 = 3, kVTail = 6 };
+// Per consumer warpgroup (at most 3): its ping-pong turn, its own 128 threads; then the zeroed V tail (varlen).
+enum class Barrier : int { kWarpgroup0 = 0, kWarpgroupSync0 = 3, kVTail = 6 };
 
 // The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
 // the window's right edge for its own rows; none for rows past the sequence. Empty when n_max == n_min.
@@ -284,11 +284,12 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     if (release_thread) barrier_arrive(&smem.q_empty[warpgroup]);
   };
 
-  // Barriers are waited by parity, so every warp must see every phase of a barrier it waits on, and a stage
-  // may be released only once all four warps have: otherwise the stage's next load can land first, and a
-  // late warp takes that phase for the one it missed (reading the wrong block) or waits for a phase that
-  // needs its own release. Outside a wgmma (which all four warps issue) that takes a warpgroup barrier.
-  auto warpgroup_sync = [&] { named_barrier_sync(128, int(Barrier::kEpilogue0) + warpgroup); };
+  // This warpgroup's four warps (the epilogue's slab hand-offs, and releases outside a wgmma). Barriers are
+  // waited by parity, so every warp must see every phase of a barrier it waits on, and a stage may be
+  // released only once all four warps have: otherwise the stage's next load can land first, and a late warp
+  // takes that phase for the one it missed (reading the wrong block) or waits for a phase that needs its
+  // own release. Behind a wgmma (which all four warps issue) that holds by itself; elsewhere it takes this.
+  auto warpgroup_sync = [&] { named_barrier_sync(128, int(Barrier::kWarpgroupSync0) + warpgroup); };
   // The blocks this warpgroup skips come first; it waits for each to land, then releases it.
   const BlockRange blocks = warpgroup_block_range<Traits, kExtended>(window, tile_blocks, m_block, warpgroup);
   const int own = blocks.n_max - blocks.n_min, skipped = tile_blocks.n_max - blocks.n_max;
@@ -355,9 +356,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
   }
   Tensor rO = convert_fragment<Element>(acc_o);
-  const int epilogue_barrier = int(Barrier::kEpilogue0) + warpgroup;
   if (release_thread) tma_store_wait<0>();  // the last tile's store has read the slab
-  named_barrier_sync(128, epilogue_barrier);  // and so have the row stores, and this tile's S = Q K^T
+  warpgroup_sync();  // and so have the row stores, and this tile's S = Q K^T
   // stmatrix: one instruction per four 8 x 8 blocks of O (16 per thread at d 256, against 64 4-byte stores).
   auto smem_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
   auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
@@ -374,7 +374,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   }
   if (tma_store) {
     cutlass::arch::fence_view_async_shared();  // the slab's writes, visible to the TMA unit
-    named_barrier_sync(128, epilogue_barrier);
+    warpgroup_sync();
     if (release_thread) {
       Tensor mO = args.tma_o.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch) coordinates
       Tensor gO = local_tile(mO(_, _, bidh, bidb), typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, m)
@@ -384,7 +384,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
       tma_store_arrive();
     }
   } else {
-    named_barrier_sync(128, epilogue_barrier);
+    warpgroup_sync();
     const int row0 = m_block * kBlockM + warpgroup * 64;  // this warpgroup's slab
     Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
                    bidh * p.o_head_stride + int64_t(row0) * p.o_row_stride;
@@ -395,7 +395,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     if (tma_store) {
       if (release_thread) tma_store_wait<0>();
     } else {
-      named_barrier_sync(128, epilogue_barrier);
+      warpgroup_sync();
     }
     release_q();
   }
