@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/registry.h"
 #include "sm90/fwd_kernel_sm90.h"
@@ -13,14 +14,20 @@
 
 namespace flash_attn2 {
 
-template <class Traits>
+// kPlainOnly: only the plain kernel is built (FwdShortTileSm90's tiles); the caller has checked that it fits.
+template <class Traits, bool kPlainOnly = false>
 cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = p.dropout_p > 0.f ? &fwd_kernel_sm90<Traits, true, true>
-                : fwd_extended(p)  ? &fwd_kernel_sm90<Traits, true>
-                                   : &fwd_kernel_sm90<Traits, false>;
+  auto kernel = &fwd_kernel_sm90<Traits, false>;
+  if constexpr (!kPlainOnly) {
+    if (p.dropout_p > 0.f) {
+      kernel = &fwd_kernel_sm90<Traits, true, true>;
+    } else if (fwd_extended(p)) {
+      kernel = &fwd_kernel_sm90<Traits, true>;
+    }
+  }
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
@@ -92,6 +99,12 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+  using Short = FwdShortTileSm90<kHeadDim>;
+  if constexpr (!std::is_void_v<typename Short::type>) {
+    if (p.causal && !fwd_extended(p) && p.cu_seqlens_q == nullptr && p.seqlen_q <= Short::kMaxSeqlenQ) {
+      return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename Short::type>, true>(p, stream);
+    }
+  }
   return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename FwdTileSm90<kHeadDim>::type>>(p, stream);
 }
 

@@ -20,4 +20,13 @@ template <> struct FwdTileSm90<192> { using type = TileSm90<128, 96>; };
 template <> struct FwdTileSm90<224> { using type = TileSm90<128, 80>; };
 template <> struct FwdTileSm90<256> { using type = TileSm90<128, 80>; };
 
+// A narrower tile for short causal sequences, plain kernel only (fwd_launch_sm90.h): at d 256 the 80-key
+// blocks overshoot the 128-row tiles' diagonals (2 / 4 / 5 / 7 blocks for 128..512 keys, 14% more keys
+// than 64-key blocks read at 512). type void: none.
+template <int kHeadDim> struct FwdShortTileSm90 { using type = void; };
+template <> struct FwdShortTileSm90<256> {
+  using type = TileSm90<128, 64>;
+  static constexpr int kMaxSeqlenQ = 512;
+};
+
 }  // namespace flash_attn2
