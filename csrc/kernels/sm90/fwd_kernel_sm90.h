@@ -57,11 +57,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
   __syncthreads();
 
   // The producer walks the slots (SlotWalk) and hands each but the first (which the consumers know) to the
-  // consumers through smem.slots, then one past the last. Causal slots are sorted longest first.
+  // consumers through smem.slots with its tile, then one past the last. Causal slots are sorted longest first.
   const int num_slots = int(Scheduler::num_blocks(p));
   const SlotWalk first_walk{num_slots, args.causal_order ? args.causal_tiles.section_slots() : num_slots,
                             int(gridDim.x), int(blockIdx.x), args.tile_counter};
-  auto tile_at = [&](int slot) { return args.causal_order ? args.causal_tiles.get(p, slot) : Scheduler::get(p, slot); };
+  auto slot_tile = [&](int slot) -> SlotTile {
+    if (slot >= num_slots) return {slot, QueryTile{}};
+    return {slot, args.causal_order ? args.causal_tiles.get(p, slot) : Scheduler::get(p, slot)};
+  };
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     if (threadIdx.x / 32 != 0) return;
@@ -74,9 +77,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     SlotWalk walk = first_walk;
     PipelineState state, slot_state;
     uint32_t q_phase = 0;
-    for (int slot = walk.first(); slot < num_slots;) {
+    for (SlotTile next = slot_tile(walk.first()); next.slot < num_slots;) {
       const int claimed = walk.claim();
-      const QueryTile tile = tile_at(slot);
+      const QueryTile& tile = next.tile;
       if (tile.valid) {
         const SeqlenInfo seq(p, tile.bidb);
         const BlockRange blocks =
@@ -86,8 +89,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
           q_phase ^= 1;
         }
       }
-      slot = walk.next(claimed);
-      smem.slots.publish(slot, slot_state, leader);
+      next = slot_tile(walk.next(claimed));
+      smem.slots.publish(next, slot_state, leader);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
@@ -100,8 +103,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     }
     PipelineState slot_state;
     SlotWalk walk = first_walk;
-    for (int slot = walk.first(); slot < num_slots; slot = smem.slots.receive(slot_state)) {
-      const QueryTile tile = tile_at(slot);
+    for (SlotTile next = slot_tile(walk.first()); next.slot < num_slots; next = smem.slots.receive(slot_state)) {
+      const QueryTile& tile = next.tile;
       if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots
         const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
         uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride,

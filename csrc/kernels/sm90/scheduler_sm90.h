@@ -1,8 +1,11 @@
 // Which tile slots (common/tile_scheduler.h) a Hopper forward block computes, and how its producer warp
 // tells its consumer warpgroups: all know the block's first slot; the producer walks on and publishes each
-// next slot (then one past the last) in a small shared-memory ring.
+// next slot (then one past the last) with its tile in a small shared-memory ring.
 #pragma once
 
+#include <cstring>
+
+#include "common/tile_scheduler.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2::sm90 {
@@ -44,11 +47,21 @@ struct SlotWalk {
   }
 };
 
-// The producer's slots on their way to the consumer warpgroups: written by the producer's leader, read by
-// every consumer warp, which releases the entry once all its lanes have it.
+// A slot and its tile (invalid past the last slot).
+struct SlotTile {
+  int slot;
+  QueryTile tile;
+};
+
+// The producer's slots on their way to the consumer warpgroups, each with its tile: the slot-to-tile maps
+// divide (and varlen's searches cu_seqlens), which the producer does once for all consumer warps, ahead of
+// them. Written by the producer's leader, read by every consumer warp, which releases the entry once all
+// its lanes have it.
 template <int kStages, int kConsumerWarps>
 struct SlotRing {
-  int slot[kStages];
+  static constexpr int kWords = int(sizeof(SlotTile) / sizeof(int));
+  static_assert(sizeof(SlotTile) % sizeof(int) == 0 && std::is_trivially_copyable_v<SlotTile>);
+  int entry[kStages][kWords];
   uint64_t full[kStages], empty[kStages];
 
   __device__ void init() {
@@ -58,26 +71,33 @@ struct SlotRing {
     }
   }
 
-  // CUTLASS's barrier asm has no memory clobber: the compiler fences keep the slot's store and load
+  // CUTLASS's barrier asm has no memory clobber: the compiler fences keep the entry's stores and loads
   // between the wait (acquire) and the arrive (release).
-  __device__ void publish(int value, PipelineState& state, bool leader) {
+  __device__ void publish(const SlotTile& value, PipelineState& state, bool leader) {
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) {
+      int words[kWords];
+      memcpy(words, &value, sizeof(SlotTile));
       asm volatile("" ::: "memory");
-      *static_cast<volatile int*>(&slot[state.stage]) = value;
+      CUTE_UNROLL
+      for (int i = 0; i < kWords; ++i) static_cast<volatile int*>(entry[state.stage])[i] = words[i];
       asm volatile("" ::: "memory");
       barrier_arrive(&full[state.stage]);
     }
     state.template advance<kStages>();
   }
 
-  __device__ int receive(PipelineState& state) {
+  __device__ SlotTile receive(PipelineState& state) {
     barrier_wait(&full[state.stage], state.phase);
     asm volatile("" ::: "memory");
-    const int value = *static_cast<volatile int*>(&slot[state.stage]);
+    int words[kWords];
+    CUTE_UNROLL
+    for (int i = 0; i < kWords; ++i) words[i] = static_cast<volatile int*>(entry[state.stage])[i];
     __syncwarp();  // every lane has read it before the warp releases the entry
     if (threadIdx.x % 32 == 0) barrier_arrive(&empty[state.stage]);
     state.template advance<kStages>();
+    SlotTile value;
+    memcpy(&value, words, sizeof(SlotTile));
     return value;
   }
 };
