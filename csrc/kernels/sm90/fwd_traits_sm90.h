@@ -34,7 +34,8 @@ struct FwdTraitsSm90 {
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
   static_assert(kConsumerWarpgroups <= 3, "named barrier ids: two per consumer warpgroup");
   // The consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the others': +5-10%
-  // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128 as in FA3 (not measured here).
+  // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128, where it measured 3-4% slower
+  // at d 192 and neutral at d 256 (step 68).
   static constexpr bool kPingPong = kConsumerWarpgroups >= 2 && kHeadDim <= 128;
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
