@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <type_traits>
 
 #include "common/tile_scheduler.h"
 #include "sm90/wgmma.h"
