@@ -252,13 +252,14 @@ def plot(rows, path):
     panels = sorted({(r["pass"], r["dtype"], r["causal"], r["hdim"]) for r in rows}, key=str)
     cols = len({p[3] for p in panels})
     nrows = math.ceil(len(panels) / cols)
+    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
     for ax, (pass_, dtype, causal, hdim) in zip(axes.flat, panels):
-        for impl in IMPLS:
+        for i, impl in enumerate(impls):
             pts = sorted((r["seqlen"], r["tflops"]) for r in rows if (r["impl"], r["pass"], r["dtype"], r["causal"],
                                                                      r["hdim"]) == (impl, pass_, dtype, causal, hdim))
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl)
+            if pts:  # an impl's colour is the same in every panel, whichever others it has
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=impl, color=f"C{i}")
         ax.set_xscale("log", base=2)
         ax.set_title(f"{pass_} {dtype} hdim={hdim}{' causal' if causal else ''}", fontsize=9)
         ax.set_xlabel("seqlen")
@@ -266,9 +267,11 @@ def plot(rows, path):
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    from matplotlib.lines import Line2D  # one legend for the figure: a panel may lack an impl
+    fig.legend(handles=[Line2D([], [], color=f"C{i}", marker="o", label=impl) for i, impl in enumerate(impls)],
+               fontsize=7, ncol=len(impls), loc="upper right")
     fig.suptitle(f"{rows[0]['gpu']}: batch x seqlen = {TOKENS} tokens, hidden {HIDDEN}")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # the top half inch: title and legend
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
