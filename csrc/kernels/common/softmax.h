@@ -73,16 +73,24 @@ struct OnlineSoftmax {
   }
 
   // The first half of update(): S -> P and the row sums, and each row's factor for O, which the Hopper
-  // kernel applies later (rescale), once the P V product still reading O has finished.
-  template <class TensorS>
-  __device__ void update_scores(TensorS& S, float (&correction)[kRows]) {
+  // kernel applies later (rescale), once the P V product still reading O has finished. kLazy (FA4's
+  // conditional rescale): a row's reference max moves only when the new scores pass it by more than
+  // kLazyLog2 in exp2's argument, so P stays below 2^kLazyLog2 (far inside fp16 and the fp32 sums) and most
+  // tiles leave O alone; O / sum and the LSE carry the same reference, so the result is unchanged. Returns
+  // whether any of this thread's rows moved (a correction other than 1).
+  static constexpr float kLazyLog2 = 8.f;
+  template <bool kLazy = false, class TensorS>
+  __device__ bool update_scores(TensorS& S, float (&correction)[kRows]) {
     static_assert(decltype(cute::size<0>(S))::value == kRows);
+    bool moved = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float m = row_max[r];
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(S); ++c) m = fmaxf(m, S(r, c));
       m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
+      if (kLazy && row_max[r] != -INFINITY && (m - row_max[r]) * scale_log2 <= kLazyLog2) m = row_max[r];
+      moved |= m != row_max[r];
       // A row that has seen only masked keys keeps m = -inf; shifting by 0 instead keeps exp2 at 0, not NaN.
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);  // 0 on a row's first tile
@@ -95,6 +103,7 @@ struct OnlineSoftmax {
       }
       row_sum[r] = row_sum[r] * correction[r] + sum;
     }
+    return moved;
   }
 
   template <class TensorO>

@@ -251,7 +251,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
       if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
     }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
-    softmax.update_scores(S, correction);
+    // Lazy above d 128, where O's rescale is 96-128 multiplies a thread and no ping-pong hides it (TUNING 69).
+    const bool moved = softmax.template update_scores</*kLazy=*/(Traits::kHeadDim > 128)>(S, correction);
     // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
     if constexpr (kDrawEarly) {
       CUTE_UNROLL
@@ -262,8 +263,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     } else if constexpr (kDropout) {
       dropout.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
     }
+    return moved;
   };
-  // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O.
+  // One iteration over key block n: S = Q K[n]^T and O += P V[n + 1] -> mask -> online softmax -> rescale O
+  // (where a row's reference max moved: OnlineSoftmax's kLazy).
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
     turn_begin();
     issue_qk();
@@ -274,10 +277,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     release(smem.k_empty, k_state);
     // Both edges want two bounds per row: P V goes first, so that P's registers are free for them.
     if constexpr (decltype(edges)::value == MaskBoth::value) warpgroup_wait<0>();
-    softmax_step(n_block, edges);
+    const bool moved = softmax_step(n_block, edges);
     warpgroup_wait<0>();  // P V is done: P's registers and O are free
     release(smem.v_empty, v_state);
-    softmax.rescale(O, correction);
+    if (__any_sync(0xffffffffu, moved)) softmax.rescale(O, correction);  // warp-uniform: mostly skipped
     convert_fragment_into(acc_s, rP);
   };
   auto release_q = [&] {
