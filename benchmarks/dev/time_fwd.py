@@ -1,6 +1,7 @@
 # Points of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times them (rounds, order
 # rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs, DROPOUT=p ours with dropout_p=p,
-# ALIBI=1 ours with ALiBi (BLOOM's slopes), DETERMINISTIC=1 our deterministic backward, SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a
+# ALIBI=1 ours with ALiBi (BLOOM's slopes), SOFTCAP=c with softcap=c, WINDOW=w with window_size=(w - 1, w - 1)
+# (causal: (w - 1, 0)), DETERMINISTIC=1 our deterministic backward, SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a
 # build without the SM80 forward can still run it); PASS=bwd or fwd_bwd times that pass.
 # A case may name its own pass and a GQA shape (heads, kv heads, batch) instead of the grid's:
 #   python benchmarks/dev/time_fwd.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,PASS[,H,H_KV,BATCH]] [...]
@@ -32,6 +33,13 @@ for case in sys.argv[1:]:
         slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
         runs["alibi"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), alibi_slopes=slopes),
                                 pass_, (q, k, v), dout)
+    if os.environ.get("SOFTCAP"):
+        runs["softcap"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), softcap=float(os.environ["SOFTCAP"])),
+                                  pass_, (q, k, v), dout)
+    if os.environ.get("WINDOW"):
+        w = int(os.environ["WINDOW"]) - 1
+        runs["window"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), window_size=(w, 0 if causal else w)),
+                                 pass_, (q, k, v), dout)
     if os.environ.get("DETERMINISTIC"):
         runs["deterministic"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), deterministic=True),
                                         pass_, (q, k, v), dout)

@@ -14,20 +14,24 @@
 
 namespace flash_attn2 {
 
-// kPlainOnly: only the plain kernel is built (FwdShortTileSm90's tiles); the caller has checked that it fits.
-template <class Traits, bool kPlainOnly = false>
+// Which of a (head dim, dtype)'s three kernels a tile's traits build (a set of these bits): all, or where the
+// tiles differ (FwdShortTileSm90, FwdDropoutTileSm90) those the caller has checked to be the one that runs.
+enum FwdKernels : int { kFwdPlain = 1, kFwdExtended = 2, kFwdDropout = 4, kFwdAll = 7 };
+
+template <class Traits, int kKernels = kFwdAll>
 cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  auto kernel = &fwd_kernel_sm90<Traits, false>;
-  if constexpr (!kPlainOnly) {
-    if (p.dropout_p > 0.f) {
-      kernel = &fwd_kernel_sm90<Traits, true, true>;
-    } else if (fwd_extended(p)) {
-      kernel = &fwd_kernel_sm90<Traits, true>;
-    }
+  decltype(&fwd_kernel_sm90<Traits, false>) kernel = nullptr;
+  if (p.dropout_p > 0.f) {
+    if constexpr ((kKernels & kFwdDropout) != 0) kernel = &fwd_kernel_sm90<Traits, true, true>;
+  } else if (fwd_extended(p)) {
+    if constexpr ((kKernels & kFwdExtended) != 0) kernel = &fwd_kernel_sm90<Traits, true>;
+  } else {
+    if constexpr ((kKernels & kFwdPlain) != 0) kernel = &fwd_kernel_sm90<Traits, false>;
   }
+  if (kernel == nullptr) return cudaErrorInvalidValue;  // a caller's mistake: this tile does not build it
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
@@ -99,13 +103,23 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
 
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+  using Element = ElementOf<kDType>;
+  using Main = FwdTraitsSm90<kHeadDim, Element, typename FwdTileSm90<kHeadDim>::type>;
   using Short = FwdShortTileSm90<kHeadDim>;
   if constexpr (!std::is_void_v<typename Short::type>) {
     if (p.causal && !fwd_extended(p) && p.cu_seqlens_q == nullptr && p.seqlen_q <= Short::kMaxSeqlenQ) {
-      return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename Short::type>, true>(p, stream);
+      return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, Element, typename Short::type>, kFwdPlain>(p, stream);
     }
   }
-  return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, ElementOf<kDType>, typename FwdTileSm90<kHeadDim>::type>>(p, stream);
+  using DropoutTile = typename FwdDropoutTileSm90<kHeadDim>::type;
+  if constexpr (!std::is_void_v<DropoutTile>) {
+    if (p.dropout_p > 0.f) {
+      return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, Element, DropoutTile>, kFwdDropout>(p, stream);
+    }
+    return launch_fwd_sm90_traits<Main, kFwdPlain | kFwdExtended>(p, stream);
+  } else {
+    return launch_fwd_sm90_traits<Main>(p, stream);
+  }
 }
 
 }  // namespace flash_attn2

@@ -233,8 +233,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   };
   // Dropout's keep bits for block n, one per score, drawn after the block's GEMMs are issued and before
   // waiting for S: the Philox rounds run while the tensor cores do, off the softmax's critical path. Only
-  // where registers allow: three consumer warpgroups (d 64) or O's 96-128 registers (d >= 192) spill more
-  // and lose to the draw after the row sums (TUNING 57).
+  // where registers allow: three consumer warpgroups or O's 96-128 registers (d >= 192) spill more and lose
+  // to the draw after the row sums (TUNING 57); d 64's dropout kernel has two (FwdDropoutTileSm90).
   constexpr bool kDrawEarly = kDropout && Traits::kConsumerWarpgroups == 2 && Traits::kHeadDim <= 128;
   constexpr int kKeyBlocks = kBlockN / 16, kBitWords = (kKeyBlocks + 3) / 4;
   static_assert(kBlockN % 16 == 0 && decltype(size<0>(S))::value == 2, "one 16-row tile per warp, whole 16-key blocks");
