@@ -26,23 +26,17 @@ for case in sys.argv[1:]:
             for _ in range(2))
     dout = torch.randn_like(q)
     runs = {impl: pass_fn(make_fn(impl, q, k, v, bool(causal)), pass_, (q, k, v), dout) for impl in impls}
-    if os.environ.get("DROPOUT"):  # flash_attn2 with dropout_p=DROPOUT beside its plain run
-        runs["dropout"] = pass_fn(lambda: flash_attn_func(q, k, v, float(os.environ["DROPOUT"]), causal=bool(causal)),
-                                  pass_, (q, k, v), dout)
-    if os.environ.get("ALIBI"):
-        slopes = torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)], device="cuda")
-        runs["alibi"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), alibi_slopes=slopes),
-                                pass_, (q, k, v), dout)
-    if os.environ.get("SOFTCAP"):
-        runs["softcap"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), softcap=float(os.environ["SOFTCAP"])),
-                                  pass_, (q, k, v), dout)
-    if os.environ.get("WINDOW"):
-        w = int(os.environ["WINDOW"]) - 1
-        runs["window"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), window_size=(w, 0 if causal else w)),
-                                 pass_, (q, k, v), dout)
-    if os.environ.get("DETERMINISTIC"):
-        runs["deterministic"] = pass_fn(lambda: flash_attn_func(q, k, v, causal=bool(causal), deterministic=True),
-                                        pass_, (q, k, v), dout)
+    # flash_attn2 with one option each, beside its plain run: (env variable, run name, its arguments from the value)
+    variants = (("DROPOUT", "dropout", lambda x: dict(dropout_p=float(x))),
+                ("ALIBI", "alibi", lambda x: dict(alibi_slopes=torch.tensor([2.0 ** (-8.0 * (i + 1) / h) for i in range(h)],
+                                                                            device="cuda"))),
+                ("SOFTCAP", "softcap", lambda x: dict(softcap=float(x))),
+                ("WINDOW", "window", lambda x: dict(window_size=(int(x) - 1, 0 if causal else int(x) - 1))),
+                ("DETERMINISTIC", "deterministic", lambda x: dict(deterministic=True)))
+    for var, name, kwargs in variants:
+        if os.environ.get(var):
+            kw = kwargs(os.environ[var])
+            runs[name] = pass_fn(lambda kw=kw: flash_attn_func(q, k, v, causal=bool(causal), **kw), pass_, (q, k, v), dout)
     if os.environ.get("SM80_BWD") and pass_ == "bwd":
         out = flash_attn_func(q, k, v, causal=bool(causal))
 
