@@ -64,7 +64,12 @@ def test_hopper_forward_kernels_use_wgmma():
                  extra=sum(d in SHORT_TILE_HEAD_DIMS for _, d in dims))
 
 
+# Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi, csrc/kernels/sm90/bwd_launch_sm90.h).
+PLAIN_ALIBI_HEAD_DIMS = {64}
+
+
 def test_hopper_backward_kernels_use_wgmma():
     """The backward kernels serving the compiled head dims (160 and 224 run on the 192 and 256 ones)."""
     dims = {(dtype, bwd_sm90_kernel_dim(d)) for dtype, d in _compiled_head_dims()}
-    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), dims, "backward")
+    _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), dims, "backward",
+                 extra=sum(d in PLAIN_ALIBI_HEAD_DIMS for _, d in dims))

@@ -168,13 +168,16 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
           }
         }
       } else {
+        // Traits::kPlainAlibi adds ALiBi's bias: it changes P but not dS = P (dP - D), so P^T still forms
+        // while dP^T runs.
         warpgroup_wait<1>();
         CUTE_UNROLL
         for (int c = 0; c < kCols; ++c) {
           const float lse_log2 = smem.lse_log2[stage][rows_shift + get<1>(tScS(0, c))];  // +inf for a row that saw no key: P = 0
           CUTE_UNROLL
           for (int r = 0; r < size<0>(St); ++r) {
-            const float pt = fast_exp2(St(r, c) * scale_log2 - lse_log2);
+            const float s = Traits::kPlainAlibi ? St(r, c) + bias(r, c) : St(r, c);
+            const float pt = fast_exp2(s * scale_log2 - lse_log2);
             St(r, c) = keep(r, c) ? pt : 0.f;
           }
         }

@@ -101,13 +101,16 @@ struct BwdLoadTraitsSm90 {
 template <int kHeadDim, int kBlockM>
 constexpr int bwd_dq_cols_sm90() { return kBlockM == 128 ? kHeadDim : kHeadDim / 2; }
 
-template <int kHeadDim_, typename Element_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64)>
+template <int kHeadDim_, typename Element_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64), bool kPlainAlibi_ = false>
 struct BwdTraitsSm90
     : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, bwd_dq_cols_sm90<kHeadDim_, kBlockM_>()> {
   using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, bwd_dq_cols_sm90<kHeadDim_, kBlockM_>()>;
   using Element = Element_;
   static constexpr bool kWide = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBwdBlockNSm90;
+  // A plain kernel that adds ALiBi's bias to S^T (launch_bwd_sm90: ALiBi alone at d 64, whose extended kernel
+  // takes 64-row steps); a kernel of its own, as the bias's registers slowed the plain one (TUNING 73).
+  static constexpr bool kPlainAlibi = kPlainAlibi_;
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
@@ -186,7 +189,7 @@ struct BwdTraitsSm90Wide
   static constexpr int kConsumerWarpgroups = kGroups_;
   using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, 32, 1>;
   using Element = Element_;
-  static constexpr bool kWide = true;
+  static constexpr bool kWide = true, kPlainAlibi = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = kKeys_ * kConsumerWarpgroups;
   static constexpr int kKeys = kKeys_, kDRows = kHeadDim / kConsumerWarpgroups;  // per consumer warpgroup
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
