@@ -65,7 +65,7 @@ def test_hopper_forward_kernels_use_wgmma():
 
 
 # Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi, csrc/kernels/sm90/bwd_launch_sm90.h).
-PLAIN_ALIBI_HEAD_DIMS = {64}
+PLAIN_ALIBI_HEAD_DIMS = {64, 128}
 
 
 def test_hopper_backward_kernels_use_wgmma():

@@ -74,17 +74,19 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
 }
 
 // The extended kernel at d 64 takes 64 query rows per step: with 128 its softcap / ALiBi registers spilled
-// 344 B (the plain kernel 156). So ALiBi alone there gets a fourth kernel, the plain one on 128-row steps
-// with the bias added to S^T: 12% faster than the extended one (TUNING 73).
+// 344 B (the plain kernel 156). And it waits for both GEMMs before one pass over P and dS, where the plain
+// pipeline forms P^T while dP^T runs. So ALiBi alone, which changes P but not dS = P (dP - D), gets a fourth
+// kernel at d 64 and 128: the plain one with the bias added to S^T, 9-16% faster (TUNING 74-75).
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   using Traits = BwdTraitsSm90For<kHeadDim, Element>;
   using TraitsExtended = std::conditional_t<kHeadDim == 64, BwdTraitsSm90<64, Element, 64>, Traits>;
   if (p.dropout_p > 0.f) return launch_bwd_sm90_traits<TraitsExtended, true, true>(p, stream);
-  if constexpr (kHeadDim == 64) {
+  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     if (p.alibi_slopes != nullptr && p.softcap == 0.f) {
-      return launch_bwd_sm90_traits<BwdTraitsSm90<64, Element, 128, /*kPlainAlibi=*/true>, false>(p, stream);
+      using TraitsAlibi = BwdTraitsSm90<kHeadDim, Element, Traits::kBlockM, /*kPlainAlibi=*/true>;
+      return launch_bwd_sm90_traits<TraitsAlibi, false>(p, stream);
     }
   }
   return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, stream)
