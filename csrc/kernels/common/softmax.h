@@ -81,13 +81,21 @@ struct OnlineSoftmax {
   static constexpr float kLazyLog2 = 8.f;
   template <bool kLazy = false, class TensorS>
   __device__ bool update_scores(TensorS& S, float (&correction)[kRows]) {
+    return update_scores<kLazy, /*kShifted=*/false>(S, correction, correction);  // (no shift read)
+  }
+
+  // The same for scores S + shift[r] (ALiBi's split bias, Alibi::apply): the shift enters the row max and
+  // exp2's offset, two FADDs per row instead of one per score.
+  template <bool kLazy = false, bool kShifted = true, class TensorS>
+  __device__ bool update_scores(TensorS& S, float (&correction)[kRows], const float (&shift)[kRows]) {
     static_assert(decltype(cute::size<0>(S))::value == kRows);
     bool moved = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
+      float m = kShifted ? -INFINITY : row_max[r];
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(S); ++c) m = fmaxf(m, S(r, c));
+      if constexpr (kShifted) m = fmaxf(row_max[r], m + shift[r]);
       m = quad_allreduce(m, [](float a, float b) { return fmaxf(a, b); });
       if (kLazy && row_max[r] != -INFINITY && (m - row_max[r]) * scale_log2 <= kLazyLog2) m = row_max[r];
       moved |= m != row_max[r];
@@ -95,10 +103,11 @@ struct OnlineSoftmax {
       const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
       correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);  // 0 on a row's first tile
       row_max[r] = m;
+      const float offset = kShifted && m != -INFINITY ? fmaf(-shift[r], scale_log2, m_scaled) : m_scaled;
       float sum = 0.f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(S); ++c) {
-        S(r, c) = fast_exp2(S(r, c) * scale_log2 - m_scaled);
+        S(r, c) = fast_exp2(S(r, c) * scale_log2 - offset);
         sum += S(r, c);
       }
       row_sum[r] = row_sum[r] * correction[r] + sum;

@@ -246,13 +246,20 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
   };
   auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
+    constexpr bool kSplitAlibi = kExtended && !kDropout;
+    float alibi_shift[kRows] = {};  // the scores are S + alibi_shift[r]
     if constexpr (kExtended) {
       if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
-      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+      if (alibi.slope != 0.f) {
+        if constexpr (kSplitAlibi) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN, alibi_shift);
+        else alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
+      }
     }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     // Lazy above d 128, where O's rescale is 96-128 multiplies a thread and no ping-pong hides it (TUNING 69).
-    const bool moved = softmax.template update_scores</*kLazy=*/(Traits::kHeadDim > 128)>(S, correction);
+    constexpr bool kLazy = Traits::kHeadDim > 128;
+    const bool moved = kSplitAlibi ? softmax.template update_scores<kLazy>(S, correction, alibi_shift)
+                                   : softmax.template update_scores<kLazy>(S, correction);
     // Dropout after the row sums: they, and so the LSE, are the undropped softmax's.
     if constexpr (kDrawEarly) {
       CUTE_UNROLL
