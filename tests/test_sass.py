@@ -64,7 +64,8 @@ def test_hopper_forward_kernels_use_wgmma():
                  extra=sum(d in SHORT_TILE_HEAD_DIMS for _, d in dims))
 
 
-# Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi, csrc/kernels/sm90/bwd_launch_sm90.h).
+# Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi,
+# csrc/kernels/sm90/bwd_launch_sm90.h).
 PLAIN_ALIBI_HEAD_DIMS = {64, 128}
 
 

@@ -108,8 +108,9 @@ struct BwdTraitsSm90
   using Element = Element_;
   static constexpr bool kWide = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBwdBlockNSm90;
-  // A plain kernel that adds ALiBi's bias to S^T (launch_bwd_sm90: ALiBi alone at d 64, whose extended kernel
-  // takes 64-row steps); a kernel of its own, as the bias's registers slowed the plain one (TUNING 73).
+  // A plain kernel that adds ALiBi's bias to S^T (launch_bwd_sm90: ALiBi alone at d 64 / 128, where the
+  // extended kernel waits for both GEMMs); a kernel of its own, as the bias's registers slowed the plain one
+  // (TUNING 73).
   static constexpr bool kPlainAlibi = kPlainAlibi_;
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
