@@ -14,22 +14,28 @@
 
 namespace flash_attn2 {
 
-// Which of a (head dim, dtype)'s three kernels a tile's traits build (a set of these bits): all, or where the
-// tiles differ (FwdShortTileSm90, FwdDropoutTileSm90) those the caller has checked to be the one that runs.
+// A (head dim, dtype)'s three kernels, as bits: which one a call runs (fwd_kind), and which a tile's traits
+// build (all, or where the tiles differ, FwdShortTileSm90 and FwdDropoutTileSm90, the ones they serve).
 enum FwdKernels : int { kFwdPlain = 1, kFwdExtended = 2, kFwdDropout = 4, kFwdAll = 7 };
 
+inline FwdKernels fwd_kind(const FwdParams& p) {
+  return p.dropout_p > 0.f ? kFwdDropout : fwd_extended(p) ? kFwdExtended : kFwdPlain;
+}
+
 template <class Traits, int kKernels = kFwdAll>
-cudaError_t launch_fwd_sm90_traits(const FwdParams& p, cudaStream_t stream) {
+cudaError_t launch_fwd_sm90_traits(const FwdParams& p, FwdKernels kind, cudaStream_t stream) {
   const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   decltype(&fwd_kernel_sm90<Traits, false>) kernel = nullptr;
-  if (p.dropout_p > 0.f) {
-    if constexpr ((kKernels & kFwdDropout) != 0) kernel = &fwd_kernel_sm90<Traits, true, true>;
-  } else if (fwd_extended(p)) {
-    if constexpr ((kKernels & kFwdExtended) != 0) kernel = &fwd_kernel_sm90<Traits, true>;
-  } else {
-    if constexpr ((kKernels & kFwdPlain) != 0) kernel = &fwd_kernel_sm90<Traits, false>;
+  if constexpr ((kKernels & kFwdDropout) != 0) {
+    if (kind == kFwdDropout) kernel = &fwd_kernel_sm90<Traits, true, true>;
+  }
+  if constexpr ((kKernels & kFwdExtended) != 0) {
+    if (kind == kFwdExtended) kernel = &fwd_kernel_sm90<Traits, true>;
+  }
+  if constexpr ((kKernels & kFwdPlain) != 0) {
+    if (kind == kFwdPlain) kernel = &fwd_kernel_sm90<Traits, false>;
   }
   if (kernel == nullptr) return cudaErrorInvalidValue;  // a caller's mistake: this tile does not build it
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
@@ -106,19 +112,22 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   using Main = FwdTraitsSm90<kHeadDim, Element, typename FwdTileSm90<kHeadDim>::type>;
   using Short = FwdShortTileSm90<kHeadDim>;
+  const FwdKernels kind = fwd_kind(p);
   if constexpr (!std::is_void_v<typename Short::type>) {
-    if (p.causal && !fwd_extended(p) && p.cu_seqlens_q == nullptr && p.seqlen_q <= Short::kMaxSeqlenQ) {
-      return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, Element, typename Short::type>, kFwdPlain>(p, stream);
+    if (kind == kFwdPlain && p.causal && p.cu_seqlens_q == nullptr && p.seqlen_q <= Short::kMaxSeqlenQ) {
+      using ShortTraits = FwdTraitsSm90<kHeadDim, Element, typename Short::type>;
+      return launch_fwd_sm90_traits<ShortTraits, kFwdPlain>(p, kind, stream);
     }
   }
   using DropoutTile = typename FwdDropoutTileSm90<kHeadDim>::type;
   if constexpr (!std::is_void_v<DropoutTile>) {
-    if (p.dropout_p > 0.f) {
-      return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, Element, DropoutTile>, kFwdDropout>(p, stream);
+    if (kind == kFwdDropout) {
+      using DropoutTraits = FwdTraitsSm90<kHeadDim, Element, DropoutTile>;
+      return launch_fwd_sm90_traits<DropoutTraits, kFwdDropout>(p, kind, stream);
     }
-    return launch_fwd_sm90_traits<Main, kFwdPlain | kFwdExtended>(p, stream);
+    return launch_fwd_sm90_traits<Main, kFwdPlain | kFwdExtended>(p, kind, stream);
   } else {
-    return launch_fwd_sm90_traits<Main>(p, stream);
+    return launch_fwd_sm90_traits<Main>(p, kind, stream);
   }
 }
 
