@@ -3,8 +3,9 @@
 # the grid's order as SMs free up. Prints each order's makespan over the ideal (total work / SMs): sections
 # of at least S (batch, kv head) pairs (pairs // S balanced sections), longest key block first within each
 # (S = 1: main's pair-by-pair order; "auto": about two waves of key blocks per section, FA2_DEV_SECTION=0 on
-# wip/dev-splits). It ignores L2, which
-# sank the all-pairs order (TUNING 41); it predicts what a tail can give back before a GPU run.
+# wip/dev-splits), and pair by pair with only the last T pairs interleaved (T2, T3, T6: the prepared
+# bwd_tail_pairs.patch's FA2_DEV_TAIL). It ignores L2, which sank the all-pairs order (TUNING 41); it
+# predicts what a tail can give back before a GPU run.
 #   python benchmarks/dev/sim_bwd_order.py
 import heapq
 import math
@@ -30,6 +31,13 @@ def sections(pairs, key_blocks, size, splits):
             for p in range(first, end) for s in range(splits)]
 
 
+def tail(pairs, key_blocks, size, splits):
+    """Pair by pair, but the last `size` pairs' key blocks interleaved, longest first across them."""
+    first = pairs - size
+    return ([(p, n, s) for p in range(first) for n in range(key_blocks) for s in range(splits)] +
+            [(p, n, s) for n in range(key_blocks) for p in range(first, pairs) for s in range(splits)])
+
+
 def case(name, batch, heads_k, group, seqlen, block_m=128, block_n=128, splits=1):
     pairs, key_blocks, query_blocks = batch * heads_k, math.ceil(seqlen / block_n), math.ceil(seqlen / block_m)
     steps = {(p, n, s): group // splits * (query_blocks - n * block_n // block_m) + OVERHEAD_STEPS
@@ -39,6 +47,8 @@ def case(name, batch, heads_k, group, seqlen, block_m=128, block_n=128, splits=1
     sizes["auto"] = math.ceil(2 * SMS / key_blocks)
     ratios = " ".join(f"{k} {makespan(sections(pairs, key_blocks, v, splits), steps) / ideal:.3f}"
                       for k, v in sizes.items())
+    ratios += "".join(f" T{t} {makespan(tail(pairs, key_blocks, t, splits), steps) / ideal:.3f}"
+                      for t in (2, 3, 6) if t <= pairs)
     print(f"{name} ({pairs} pairs x {key_blocks} key blocks): {ratios}")
 
 
