@@ -81,13 +81,43 @@ struct OnlineSoftmax {
   static constexpr float kLazyLog2 = 8.f;
   template <bool kLazy = false, class TensorS>
   __device__ bool update_scores(TensorS& S, float (&correction)[kRows]) {
-    return update_scores<kLazy, /*kShifted=*/false>(S, correction, correction);  // (no shift read)
+    return update_rows<kLazy, /*kShifted=*/false>(S, correction, nullptr);
   }
 
   // The same for scores S + shift[r] (ALiBi's split bias, Alibi::apply): the shift enters the row max and
   // exp2's offset, two FADDs per row instead of one per score.
-  template <bool kLazy = false, bool kShifted = true, class TensorS>
+  template <bool kLazy = false, class TensorS>
   __device__ bool update_scores(TensorS& S, float (&correction)[kRows], const float (&shift)[kRows]) {
+    return update_rows<kLazy, /*kShifted=*/true>(S, correction, shift);
+  }
+
+  template <class TensorO>
+  __device__ static void rescale(TensorO& O, const float (&correction)[kRows]) {
+    static_assert(decltype(cute::size<0>(O))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= correction[r];
+    }
+  }
+
+  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf.
+  template <class TensorO>
+  __device__ void finalize(TensorO& O, float (&lse)[kRows]) const {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
+      const float inv = sum == 0.f ? 0.f : __fdividef(1.f, sum);
+      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * scale + logf(sum);
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= inv;
+    }
+  }
+
+ private:
+  // update_scores; shift is read only where kShifted.
+  template <bool kLazy, bool kShifted, class TensorS>
+  __device__ bool update_rows(TensorS& S, float (&correction)[kRows], const float* shift) {
     static_assert(decltype(cute::size<0>(S))::value == kRows);
     bool moved = false;
     CUTE_UNROLL
@@ -113,29 +143,6 @@ struct OnlineSoftmax {
       row_sum[r] = row_sum[r] * correction[r] + sum;
     }
     return moved;
-  }
-
-  template <class TensorO>
-  __device__ static void rescale(TensorO& O, const float (&correction)[kRows]) {
-    static_assert(decltype(cute::size<0>(O))::value == kRows);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= correction[r];
-    }
-  }
-
-  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf.
-  template <class TensorO>
-  __device__ void finalize(TensorO& O, float (&lse)[kRows]) const {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
-      const float inv = sum == 0.f ? 0.f : __fdividef(1.f, sum);
-      lse[r] = sum == 0.f ? -INFINITY : row_max[r] * scale + logf(sum);
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= inv;
-    }
   }
 };
 
