@@ -101,22 +101,28 @@ struct QueryTileScheduler {
 // Fixed-length causal tiles for a persistent grid: tile work falls with the query block, so the slots go
 // longest first (every head's last query block, then the next-to-last, ...). To keep K/V in L2, the
 // (batch, head) pairs are cut into sections of `section_heads` that run one after the other, longest first
-// within each; the direction alternates from round to round. kKeys: the same over key blocks and kv heads
-// (the Hopper backward, whose first key block is the longest).
+// within each; the direction alternates from round to round. The last `tail_heads` pairs (0: none) make one
+// section of their own, so that pair-by-pair sections (section_heads 1) can still interleave the last
+// pairs, whose long tiles would otherwise start last. kKeys: the same over key blocks and kv heads (the
+// Hopper backward, whose first key block is the longest).
 template <bool kKeys = false>
 struct CausalTileOrder {
-  int num_m_blocks, section_heads;
+  int num_m_blocks, section_heads, tail_heads;
 
   __host__ __device__ int section_slots() const { return section_heads * num_m_blocks; }
 
   __device__ QueryTile get(const FwdParams& p, int slot) const {
     const int heads_per_batch = kKeys ? p.num_heads_k : p.num_heads;
-    const int pairs = p.batch * heads_per_batch;
-    const int section = slot / (section_heads * num_m_blocks);
-    const int heads = min(section_heads, pairs - section * section_heads);  // in this section
-    const int r = slot - section * section_heads * num_m_blocks;
+    const int tail_first = p.batch * heads_per_batch - tail_heads;  // the tail section's first pair
+    int first, heads;  // this section's first pair and its number of pairs
+    if (tail_heads > 0 && slot >= tail_first * num_m_blocks) {
+      first = tail_first, heads = tail_heads;
+    } else {
+      first = slot / section_slots() * section_heads, heads = min(section_heads, tail_first - first);
+    }
+    const int r = slot - first * num_m_blocks;
     const int round = r / heads, i = r % heads;
-    const int pair = section * section_heads + (round % 2 == 0 ? i : heads - 1 - i);
+    const int pair = first + (round % 2 == 0 ? i : heads - 1 - i);
     return {pair / heads_per_batch, pair % heads_per_batch, num_m_blocks - 1 - round, true, false, 0, 1};
   }
 };

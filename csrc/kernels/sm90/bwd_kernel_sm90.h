@@ -151,9 +151,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
 
   // One key block per block: the key-side tile slots (sized from the packed length for varlen, so no
   // max_seqlen_k hint can leave keys out).
-  // Only the wide shape takes causal sections (bwd_launch_sm90.h); the narrow kernels keep one order.
   const int slot = int(blockIdx.x) / args.head_splits;
-  const QueryTile tile = Traits::kWide && args.causal_keys.section_heads > 0
+  const QueryTile tile = args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch_sm90.h)
                              ? args.causal_keys.get(p, slot)
                              : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot);
   if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's

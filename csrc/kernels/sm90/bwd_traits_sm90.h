@@ -262,7 +262,7 @@ struct BwdArgsSm90 {
   // Blocks per (key block, kv head), each taking group / head_splits of the query heads; above 1 they add
   // dK and dV into fp32 accumulators after dq_accum's region (bwd_dkv_accum_offset), converted afterwards.
   int head_splits;
-  // Causal key blocks longest first in sections of (batch, kv head) pairs (bwd_launch_sm90.h says when);
+  // Causal key blocks longest first in sections of (batch, kv head) pairs (bwd_launch_sm90.h says how);
   // section_heads 0: pair by pair (QueryTileScheduler's order).
   CausalTileOrder<true> causal_keys;
 };

@@ -97,7 +97,7 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, FwdKernels kind, cudaStre
       heads = (heads + group - 1) / group * group;
     }
     heads = std::min(heads, int64_t(p.batch) * p.num_heads);
-    args.causal_tiles = {num_m_blocks, int(heads)};
+    args.causal_tiles = {num_m_blocks, int(heads), 0};
     if (p.tile_counter != nullptr) {
       if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) return err;
       args.tile_counter = p.tile_counter;
