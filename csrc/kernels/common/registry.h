@@ -76,7 +76,7 @@ inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   int device = 0, num_sms = 0, l2_bytes = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
-  if (cudaError_t err = device_l2_bytes(&l2_bytes)) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device)) return err;
   constexpr int kKeys = kBwdBlockNSm90;
   const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kKeys + p.batch  // the varlen slots
                                                      : int64_t(p.batch) * ((p.seqlen_k + kKeys - 1) / kKeys);

@@ -66,13 +66,18 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   const int pairs = p.batch * p.num_heads_k;
   const int key_blocks_per_pair = int((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
   if (p.causal && p.cu_seqlens_k == nullptr) {
-    int l2_bytes = 0;
-    if (cudaError_t err = device_l2_bytes(&l2_bytes)) return err;
-    const int64_t pair_bytes = int64_t(p.num_heads / p.num_heads_k) * p.seqlen_q * 8 * kHeadDim;
-    if (!Traits::kWide && pairs >= kNarrowCausalTail && pair_bytes <= l2_bytes) {
-      args.causal_keys = {key_blocks_per_pair, 1, kNarrowCausalTail};
-    } else if (Traits::kWide && p.num_heads == p.num_heads_k && pairs >= 2 * kWideCausalSection) {
-      args.causal_keys = {key_blocks_per_pair, kWideCausalSection, 0};
+    if constexpr (Traits::kWide) {
+      if (p.num_heads == p.num_heads_k && pairs >= 2 * kWideCausalSection) {
+        args.causal_keys = {key_blocks_per_pair, kWideCausalSection, 0};
+      }
+    } else {
+      int l2_bytes = 0;
+      if (cudaError_t err = device_l2_bytes(&l2_bytes)) return err;
+      // Q, dO in 16 bits and the dQ accumulator in fp32, as bwd_head_splits counts a row.
+      const int64_t pair_bytes = int64_t(p.num_heads / p.num_heads_k) * p.seqlen_q * 8 * kHeadDim;
+      if (pairs >= kNarrowCausalTail && pair_bytes <= l2_bytes) {
+        args.causal_keys = {key_blocks_per_pair, 1, kNarrowCausalTail};
+      }
     }
   }
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
