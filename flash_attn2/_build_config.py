@@ -18,10 +18,11 @@ DEFAULT_ARCHS = ("80", "90")  # with PTX for the newest, when no GPU is visible 
 HOPPER = "90"  # the arch of the sm_90a forward (csrc/kernels/sm90/)
 BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the Hopper backward's kernels (registry.h: has_bwd_sm90)
 GB = 1 << 30
-# Peak resident memory of one nvcc job, nvcc 13.0: the largest SM80 kernel file (head dim 256, two tiles)
-# peaked at 3.5 GB; the Hopper forward files at 2.0-2.4 GB (head dim 128-256, sm_90a); a backward file with
-# its compact tiles (sm_80) at 4.8 GB (head dim 128; 3.7 GB at 256). Rounded up for headroom.
-MEM_PER_JOB = 5 * GB
+# Peak resident memory of one nvcc job, nvcc 13.0 (benchmarks/dev/nvcc_mem.py): the SM80 backward files
+# compiled for sm_90 (FLASH_ATTN2_SM80=1) 4.7-5.0 GiB at head dim 96-128, the Hopper backward's at head dim 256
+# 4.0 GiB, the Hopper forward's 2.0-2.4 GiB (TUNING 91); an SM80 backward file with its compact tiles (sm_80)
+# 4.8 GiB. Rounded up for headroom.
+MEM_PER_JOB = 6 * GB
 
 
 def _parse_list(value: str) -> list[str]:
