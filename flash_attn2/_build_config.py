@@ -20,7 +20,7 @@ BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the Hopper backward's kernel
 GB = 1 << 30
 # Peak resident memory of one nvcc job, nvcc 13.0 (benchmarks/dev/nvcc_mem.py): the SM80 backward files
 # compiled for sm_90 (FLASH_ATTN2_SM80=1) 4.7-5.0 GiB at head dim 96-128, the Hopper backward's at head dim 256
-# 4.0 GiB, the Hopper forward's 2.0-2.4 GiB (TUNING 91); an SM80 backward file with its compact tiles (sm_80)
+# 4.0 GiB, the Hopper forward's 2.1-2.8 GiB (TUNING 91, 93); an SM80 backward file with its compact tiles (sm_80)
 # 4.8 GiB. Rounded up for headroom.
 MEM_PER_JOB = 6 * GB
 
