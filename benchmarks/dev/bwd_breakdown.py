@@ -20,28 +20,35 @@ def inputs(b, s, heads, d):
     return t.requires_grad_()
 
 
-warm_up_gpu(2)
-REPS = 10
-for case in sys.argv[1:]:
-    d, causal, s, *shape = (int(x) for x in case.split(","))
-    b, h, hk = shape if shape else (TOKENS // s, HIDDEN // d, HIDDEN // d)
-    q, k = inputs(b, s, h, d), inputs(b, s, hk, d)
-    v = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    dout = torch.randn_like(q)
-    for impl in ("flash_attn2", "sdpa_cudnn"):
-        out = make_fn(impl, q, k, v, bool(causal))()
-        for _ in range(3):
-            torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+def kernel_ms(run, reps, width=90):
+    """{kernel name (its first `width` characters): ms per call} over `reps` calls of run, under torch.profiler."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            run()
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(REPS):
+    per_kernel = defaultdict(float)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[e.name[:width]] += e.device_time / reps / 1000
+    return per_kernel
+
+
+if __name__ == "__main__":
+    warm_up_gpu(2)
+    REPS = 10
+    for case in sys.argv[1:]:
+        d, causal, s, *shape = (int(x) for x in case.split(","))
+        b, h, hk = shape if shape else (TOKENS // s, HIDDEN // d, HIDDEN // d)
+        q, k = inputs(b, s, h, d), inputs(b, s, hk, d)
+        v = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dout = torch.randn_like(q)
+        for impl in ("flash_attn2", "sdpa_cudnn"):
+            out = make_fn(impl, q, k, v, bool(causal))()
+            for _ in range(3):
                 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             torch.cuda.synchronize()
-        per_kernel = defaultdict(float)
-        for e in prof.events():
-            if e.device_type == torch.autograd.DeviceType.CUDA:
-                per_kernel[e.name[:90]] += e.device_time / REPS / 1000  # ms per backward
-        total = sum(per_kernel.values())
-        print(f"d{d} causal={causal} s={s} b={b} h={h}:{hk} {impl}: {total:.3f} ms per backward")
-        for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:6]:
-            print(f"    {ms:8.3f} ms {100 * ms / total:5.1f}%  {name}")
+            per_kernel = kernel_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), REPS)
+            total = sum(per_kernel.values())
+            print(f"d{d} causal={causal} s={s} b={b} h={h}:{hk} {impl}: {total:.3f} ms per backward")
+            for name, ms in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:6]:
+                print(f"    {ms:8.3f} ms {100 * ms / total:5.1f}%  {name}")
