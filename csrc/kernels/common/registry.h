@@ -69,6 +69,9 @@ inline cudaError_t device_l2_bytes(int* bytes) {
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   return cudaDeviceGetAttribute(bytes, cudaDevAttrL2CacheSize, device);
 }
+// The backward's bytes per query row and head that key blocks running together share through L2: Q and dO in
+// 16 bits, the dQ accumulator in fp32.
+inline int64_t bwd_row_bytes(int head_dim) { return int64_t(8) * head_dim; }
 inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   *splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
@@ -93,15 +96,15 @@ inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
     auto rows = [&](int s) {
       return std::min<int64_t>(p.seqlen_q, int64_t(kKeys) * num_sms / s + p.window_left + kKeys);
     };
-    for (int next = *splits + 1; next <= kMaxHeadSplits && rows(*splits) * group * 8 * p.head_dim > l2_bytes / 2;
-         ++next) {
+    for (int next = *splits + 1;
+         next <= kMaxHeadSplits && rows(*splits) * group * bwd_row_bytes(p.head_dim) > l2_bytes / 2; ++next) {
       if (group % next == 0 && rows(next) < rows(*splits)) *splits = next;
     }
     return cudaSuccess;
   }
   if (!p.causal) return cudaSuccess;
   const int64_t spread_rows = std::min<int64_t>(p.seqlen_q, int64_t(kKeys) * num_sms);
-  const int64_t bytes_per_head = spread_rows * 8 * p.head_dim;  // Q, dO in 16 bits; dQ accumulator in fp32
+  const int64_t bytes_per_head = spread_rows * bwd_row_bytes(p.head_dim);
   // Up to head dim 128 while the rows exceed the L2 (Llama-3-8B 16k / 32k 4% / 1.5% faster than at twice the
   // L2, Qwen2.5-7B 8k unchanged), above it while they exceed twice the L2 (Gemma-2 32k 1.5% slower at once:
   // TUNING 85).

@@ -73,8 +73,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
     } else {
       int l2_bytes = 0;
       if (cudaError_t err = device_l2_bytes(&l2_bytes)) return err;
-      // Q, dO in 16 bits and the dQ accumulator in fp32, as bwd_head_splits counts a row.
-      const int64_t pair_bytes = int64_t(p.num_heads / p.num_heads_k) * p.seqlen_q * 8 * kHeadDim;
+      const int64_t pair_bytes = int64_t(p.num_heads / p.num_heads_k) * p.seqlen_q * bwd_row_bytes(kHeadDim);
       if (pairs >= kNarrowCausalTail && pair_bytes <= l2_bytes) {
         args.causal_keys = {key_blocks_per_pair, 1, kNarrowCausalTail};
       }
