@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/launch.h"
 #include "common/registry.h"
 #include "common/seqlen.h"
 
@@ -53,6 +54,7 @@ __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); 
 // words of the dQ accumulator. At most 48 registers (5 blocks per SM, as before; 6 spill).
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_constant__ BwdParams p, int64_t accum_vec4) {
+  griddep_launch_dependents();  // the main kernel's blocks may take SMs this grid leaves (they wait for it)
   constexpr int kLanes = kPreprocessLanes, kRows = kThreads / kLanes;
   const int head = int(blockIdx.y), lane = int(threadIdx.x) % kLanes;
   const bool varlen = p.cu_seqlens_q != nullptr;
@@ -135,6 +137,8 @@ __device__ inline void convert8(const float* src, float scale, T* dst) {
 // Hopper: dQ = softmax_scale * accumulator (bwd_dq_accum_offset_sm90), 8 elements per thread and step.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) convert_dq_sm90_kernel(const __grid_constant__ BwdParams p, int bucket) {
+  griddep_wait();  // for the main kernel's dq_accum
+  griddep_launch_dependents();
   const int vecs_per_row = bucket / kVec;
   const int64_t vecs = int64_t(p.num_heads) * p.total_q * vecs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * kThreads) {
@@ -149,6 +153,8 @@ __global__ void __launch_bounds__(kThreads) convert_dq_sm90_kernel(const __grid_
 // for every key row (rows outside every sequence get the zeros their accumulators hold).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) convert_dkv_kernel(const __grid_constant__ BwdParams p, int bucket) {
+  griddep_wait();  // for the main kernel's dK / dV accumulators
+  griddep_launch_dependents();
   const int vecs_per_row = bucket / kVec;
   const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * kThreads) {
@@ -159,14 +165,15 @@ __global__ void __launch_bounds__(kThreads) convert_dkv_kernel(const __grid_cons
   }
 }
 
-// A grid-stride conversion of `vecs` 8-element vectors (at most 65536 blocks), in the input dtype.
+// A grid-stride conversion of `vecs` 8-element vectors (at most 65536 blocks), in the input dtype, launched
+// after the kernel before it (launch_after).
 using ConvertKernel = void (*)(BwdParams, int);
 cudaError_t launch_convert(ConvertKernel half, ConvertKernel bf16, int64_t vecs, const BwdParams& p, int bucket,
                            cudaStream_t stream) {
   if (vecs == 0) return cudaSuccess;
   const int64_t blocks = std::min<int64_t>(grid_for(vecs), 65536);
-  (p.dtype == DType::kFloat16 ? half : bf16)<<<unsigned(blocks), kThreads, 0, stream>>>(p, bucket);
-  return cudaGetLastError();
+  return launch_after(p.dtype == DType::kFloat16 ? half : bf16, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p,
+                      bucket);
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "common/launch.h"
+
 #include "sm90/bwd_mainloop_sm90.h"
 #include "sm90/bwd_mainloop_wide_sm90.h"
 #include "sm90/bwd_work_sm90.h"
@@ -183,6 +185,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  griddep_wait();  // launched after the preprocess (launch_after): its D, LSE and zeroed accumulators
+  griddep_launch_dependents();
 
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();

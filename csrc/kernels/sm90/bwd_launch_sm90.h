@@ -6,6 +6,7 @@
 #include <climits>
 #include <type_traits>
 
+#include "common/launch.h"
 #include "common/registry.h"
 #include "sm90/bwd_kernel_sm90.h"
 #include "sm90/tma.h"
@@ -80,8 +81,10 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
     }
   }
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
-  kernel<<<unsigned(num_blocks), Traits::kNThreads, Traits::kSmemBytes, stream>>>(args);
-  if (cudaError_t err = cudaGetLastError()) return err;
+  if (cudaError_t err = launch_after(kernel, dim3(unsigned(num_blocks)), dim3(Traits::kNThreads), Traits::kSmemBytes,
+                                     stream, args)) {
+    return err;
+  }
 
   if (cudaError_t err = launch_bwd_convert_dq_sm90(p, kHeadDim, stream)) return err;
   return head_splits > 1 ? launch_bwd_convert_dkv(p, kHeadDim, stream) : cudaSuccess;

@@ -1,0 +1,46 @@
+// Programmatic dependent launch for the backward's chain of kernels (preprocess, main kernel, conversions).
+#pragma once
+
+#include <utility>
+
+#include <cuda_runtime.h>
+
+namespace flash_attn2 {
+
+// The backward's kernels after the first (preprocess, main kernel, conversions) go with programmatic dependent
+// launch on sm_90+: a kernel's blocks may start, and run their prologue, while the previous kernel's last blocks
+// still run, which hides the launch gap between kernels (a few us of the HF step's 0.3 ms backward). Such a
+// kernel calls griddep_wait() before it touches anything the previous one writes; griddep_launch_dependents()
+// lets the next one's blocks be scheduled (as this kernel's blocks retire) before this one ends.
+__device__ inline void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ inline void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+// kernel<<<grid, block, smem, stream>>>(args...), programmatically dependent on the stream's previous kernel
+// where the device has it (sm_90+).
+template <typename... Params, typename... Args>
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  int device = 0, major = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) return err;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace flash_attn2
