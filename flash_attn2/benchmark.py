@@ -62,8 +62,8 @@ def warm_up_gpu(seconds):
             return
 
 
-def median_ms(fn, warmup=5, reps=30):
-    """Median of reps CUDA-event timings after warmup runs.
+def rep_times_ms(fn, warmup=5, reps=30):
+    """reps CUDA-event timings (ms) after warmup runs.
 
     The runs are queued back to back and synchronized once, so host-side launch overhead overlaps the
     GPU work (as in a training step) and the events time the kernels.
@@ -76,7 +76,12 @@ def median_ms(fn, warmup=5, reps=30):
         fn()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def median_ms(fn, warmup=5, reps=30):
+    """Median of rep_times_ms."""
+    return statistics.median(rep_times_ms(fn, warmup, reps))
 
 
 def time_interleaved(runs, reps, rounds=3):

@@ -7,45 +7,19 @@ import sys
 
 import torch
 
+import flash_attn2.benchmark as bench
 from flash_attn2 import benchmark_models as bm
 
 WATCH = {("qwen2.5-7b", 8192), ("llama3-70b-tp8", 32768), ("gemma2-9b", 8192)}
-current = {}
+current = {}  # the shape and seqlen being run
+impl_of = {}
+orig_make_run, orig_dense, orig_varlen = bm.make_run, bm.dense_fn, bm.varlen_fn
 
 
-def logged_median(fn, warmup=5, reps=30):
-    s0 = torch.cuda.memory_stats()
-    for _ in range(warmup):
-        fn()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    ts = [start.elapsed_time(end) for start, end in events]
-    s1 = torch.cuda.memory_stats()
-    if (current.get("shape"), current.get("seqlen")) in WATCH:
-        print(f"  reps {current.get('impl', '?')}: " + " ".join(f"{t:.2f}" for t in ts)
-              + f" | retries +{s1.get('num_alloc_retries', 0) - s0.get('num_alloc_retries', 0)}"
-              f" device mallocs +{s1.get('num_device_alloc', 0) - s0.get('num_device_alloc', 0)}"
-              f" reserved {s1.get('reserved_bytes.all.current', 0) / 2**30:.1f} GiB", flush=True)
-    return statistics.median(ts)
-
-
-def interleaved(runs, reps, rounds=3):
-    names = list(runs)
-    times = {name: [] for name in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            current["impl"] = name
-            times[name].append(logged_median(runs[name], reps=reps))
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
-bm.time_interleaved = interleaved
-orig_dense, orig_varlen = bm.dense_fn, bm.varlen_fn
+def make_run(impl, *args):
+    run = orig_make_run(impl, *args)
+    impl_of[run] = impl
+    return run
 
 
 def dense(impl, q, *args):
@@ -58,7 +32,21 @@ def varlen(*args):
     return orig_varlen(*args)
 
 
-bm.dense_fn, bm.varlen_fn = dense, varlen
+def logged_median(fn, warmup=5, reps=30):
+    """The suite's median_ms (time_interleaved calls it by name), each rep and the allocator's counters logged."""
+    s0 = torch.cuda.memory_stats()
+    ts = bench.rep_times_ms(fn, warmup, reps)
+    s1 = torch.cuda.memory_stats()
+    if (current.get("shape"), current.get("seqlen")) in WATCH:
+        grew = lambda key: s1.get(key, 0) - s0.get(key, 0)
+        print(f"  reps {impl_of.get(fn, '?')}: " + " ".join(f"{t:.2f}" for t in ts)
+              + f" | retries +{grew('num_alloc_retries')} device mallocs +{grew('num_device_alloc')}"
+              f" reserved {s1.get('reserved_bytes.all.current', 0) / 2**30:.1f} GiB", flush=True)
+    return statistics.median(ts)
+
+
+bm.make_run, bm.dense_fn, bm.varlen_fn = make_run, dense, varlen
+bench.median_ms = logged_median
 
 
 def log(msg):

@@ -5,7 +5,6 @@
 #   python benchmarks/dev/trace_bwd.py D CAUSAL SEQLEN H H_KV BATCH
 # prints the block-level medians and, per SM, the gap between one block's end and the next one's start.
 import ctypes
-import os
 import statistics as st
 import subprocess
 import sys
@@ -19,7 +18,7 @@ if len(sys.argv) > 1 and sys.argv[1] == "run":
     out = flash_attn_func(q, k, v, causal=bool(causal))
     dout = torch.randn_like(out)
     libc = ctypes.CDLL(None)
-    for i in range(3):
+    for _ in range(3):
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         torch.cuda.synchronize()
         libc.fflush(None)
@@ -58,7 +57,7 @@ print(f"  phases (median cycles): to kv_full {med('c0_kv', full):.0f}, first q {
 by_sm = {}
 for r in R:
     by_sm.setdefault(r["smid"], []).append(r)
-gaps, busy, span = [], 0, 0
+gaps = []
 for sm, rs in by_sm.items():
     rs.sort(key=lambda r: r["g0"])
     gaps += [b2["g0"] - b1["gend"] for b1, b2 in zip(rs, rs[1:])]
