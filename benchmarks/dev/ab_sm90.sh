@@ -3,7 +3,8 @@
 # headers, built in turn as A, B, ...; the working tree is built last. bf16, head dims $D; timed interleaved
 # (CASES="d,causal,seqlen ...", ROUNDS processes each, the order rotated; PASS=bwd or fwd_bwd for the
 # backward); tests on the working tree (TESTS=...); SAN=1 adds memcheck/racecheck (SAN_SCRIPTS, default
-# sanitize_fwd). The variants build at once, each in its own copy of the tree.
+# sanitize_fwd). TEST_S bounds pytest and CASE_S each timing process, so that a hang cannot take the call.
+# The variants build at once, each in its own copy of the tree.
 # A directory holding csrc/ (variants.sh with FULL=1) replaces the whole csrc/ and flash_attn2/ instead; a
 # .patch file (e.g. benchmarks/dev/prepared/*.patch, paths from the repository root) is applied to the tree.
 # The directories must lie in the working tree (untracked) to reach the device, e.g.
@@ -40,7 +41,7 @@ wait
 for name in "${names[@]}"; do [ -f /tmp/$name/flash_attn2_cuda*.so ] || { echo "$name did not build"; exit 1; }; done
 echo "built in $(( $(date +%s) - s )) s"
 cp /tmp/${names[-1]}/flash_attn2_cuda*.so .  # the tests import the working tree's package from the root
-timeout 150 python3 -m pytest ${TESTS:-tests/test_forward.py tests/test_varlen_safety.py} -q -x -rf -p no:cacheprovider 2>&1 | tail -4
+timeout ${TEST_S:-150} python3 -m pytest ${TESTS:-tests/test_forward.py tests/test_varlen_safety.py} -q -x -rf -p no:cacheprovider 2>&1 | tail -4
 if [ -n "${SAN:-}" ]; then
   for script in ${SAN_SCRIPTS:-sanitize_fwd}; do for tool in memcheck racecheck; do
     echo -n "$script $tool: "
@@ -50,6 +51,7 @@ fi
 for round in $(seq 0 $(( ${ROUNDS:-2} - 1 ))); do  # the variants' order rotated from round to round
   for i in "${!names[@]}"; do
     x=${names[$(( (i + round) % ${#names[@]} ))]}
-    PYTHONPATH=/tmp/$x python3 benchmarks/dev/time_fwd.py ${CASES:-128,0,2048} | sed "s/^/$x /"
+    PYTHONPATH=/tmp/$x timeout ${CASE_S:-120} python3 benchmarks/dev/time_fwd.py ${CASES:-128,0,2048} | sed "s/^/$x /"
+    [ ${PIPESTATUS[0]} = 124 ] && echo "$x round $round: timed out (CASE_S=${CASE_S:-120})"
   done
 done | sort -s -k2,4

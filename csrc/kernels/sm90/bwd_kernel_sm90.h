@@ -28,7 +28,20 @@ namespace flash_attn2 {
 
 namespace sm90 {
 
-// Producer warp 0: K and V once, then Q (with its rows' D and LSE) and dO per step into the kStages ring.
+// The block's K or V tile, (N, D), to shared memory by TMA on `full`, whose bytes the caller expects.
+template <class Traits, class Tma, class Smem>
+__device__ void load_key_block(const Tma& tma, Smem&& sX, uint64_t* full, const BwdParams& p,
+                               const BwdWork<Traits>& work) {
+  using namespace cute;
+  Tensor mX = tma.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch) coordinates
+  Tensor gX = local_tile(domain_offset(make_coord(int(work.seq.start_k), _0{}), mX(_, _, work.bidh_k, work.batch_index)),
+                         typename Traits::TileKV{}, make_coord(work.n_block, _0{}));  // (N, D)
+  auto tX = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(sX), group_modes<0, 2>(gX));
+  copy(tma.with(*full), get<0>(tX), get<1>(tX));
+}
+
+// Producer warp 0: K (the wide kernels: and V) once, then Q (with its rows' D and LSE) and dO per step into
+// the kStages ring.
 template <class Traits>
 __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                          const BwdWork<Traits>& work) {
@@ -36,32 +49,26 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
   constexpr int kStages = Traits::kStages;
   const BwdParams& p = args.params;
   const SeqlenInfo& seq = work.seq;
-  const int steps = work.steps, bidh_k = work.bidh_k, n_block = work.n_block, batch_index = work.batch_index;
+  const int steps = work.steps, batch_index = work.batch_index;
   const bool leader = cute::elect_one_sync();
   Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));    // (rows, D, heads, batch) coordinates
   Tensor mdO = args.tma_do.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch)
-  Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));   // (rows, D, heads_k, batch)
-  Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));   // (rows, D, heads_k, batch)
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});     // (M, D, stages)
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});  // (M, D, dO stages)
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});      // (N, D)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});     // (N, D)
   auto rows_q = [&](auto& m, int head) {  // (M, D, m) blocks of this sequence's rows of one query head
     return local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), m(_, _, head, batch_index)),
                       typename Traits::TileQ{}, make_coord(_, _0{}));
   };
   PipelineState state, state_do;
   if (steps == 0) return;  // no query sees these keys: the consumers store zeros
-  Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
-                         typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
-  Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
-                         typename Traits::TileKV{}, make_coord(n_block, _0{}));  // (N, D)
-  if (leader) {
-    auto tK = tma_partition(args.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto tV = tma_partition(args.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    barrier_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
-    copy(args.tma_k.with(smem.kv_full), get<0>(tK), get<1>(tK));
-    copy(args.tma_v.with(smem.kv_full), get<0>(tV), get<1>(tV));
+  if (leader) {  // the wide kernels: K and V together (V after the first Q cost them 4%, TUNING 104)
+    barrier_expect_tx(&smem.k_full, (Traits::kWide ? 2 : 1) * Traits::kKVBytes);
+    load_key_block(args.tma_k, make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
+                   &smem.k_full, p, work);
+    if constexpr (Traits::kWide) {
+      load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
+                     &smem.k_full, p, work);
+    }
   }
   Tensor mRows = args.tma_rows.get_tma_tensor(make_shape(args.rows_extent));  // (elements): D, then LSE (log2)
   using RowsLayout = Layout<Shape<Int<Traits::kRowsBox>, Int<kStages>>, Stride<_1, Int<Traits::kRowsStride>>>;
@@ -88,12 +95,29 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
       copy(args.tma_rows.with(*full), get<0>(tLSE), get<1>(tLSE));
     }
     state.template advance<kStages>();
+    if (!Traits::kWide && step == 0) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
     barrier_wait(&smem.do_empty[state_do.stage], state_do.phase ^ 1);
     if (leader) {
       barrier_expect_tx(&smem.do_full[state_do.stage], Traits::kQBytes);
       copy(args.tma_do.with(smem.do_full[state_do.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state_do.stage));
     }
     state_do.template advance<Traits::kStagesdO>();
+  }
+}
+
+// Producer warp 3 of the narrow kernels: V once the loader has issued the first Q, so that the first
+// S^T = K Q^T waits for K and Q only (TUNING 104-106). Its own warp: the loader's 24 registers spill when it
+// keeps V's coordinates across its loop.
+template <class Traits>
+__device__ void bwd_load_v(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
+                           const BwdWork<Traits>& work) {
+  using namespace cute;
+  if (work.steps == 0) return;
+  named_barrier_sync(64, int(BwdBarrier::kVAfterQ));
+  if (cute::elect_one_sync()) {
+    barrier_expect_tx(&smem.v_full, Traits::kKVBytes);
+    load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
+                   &smem.v_full, args.params, work);
   }
 }
 
@@ -162,7 +186,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
 
   if (threadIdx.x == 0) {
-    barrier_init(&smem.kv_full, 1);
+    barrier_init(&smem.k_full, 1);
+    if constexpr (!Traits::kWide) barrier_init(&smem.v_full, 1);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&smem.q_full[s], 1);
@@ -195,6 +220,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     cute::for_each(cute::make_int_sequence<kGroups>{}, [&](auto w) {
       if (warp == 1 + w) bwd_write_dq<Traits, decltype(w)::value>(args, smem, work);
     });
+    if constexpr (!Traits::kWide) {
+      static_assert(kGroups == 2 && int(BwdBarrier::kdQEmpty0) + kGroups == int(BwdBarrier::kVAfterQ));
+      if (warp == 3) bwd_load_v(args, smem, work);
+    }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

@@ -100,7 +100,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   clear(acc_dk);
   clear(acc_dv);
   if (steps > 0) {
-    barrier_wait(&smem.kv_full, 0);
+    barrier_wait(&smem.k_full, 0);
     // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
     // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
     if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
@@ -115,6 +115,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
+    barrier_wait(&smem.v_full, 0);  // V comes after the first Q (bwd_load_v): a no-op after the first step
     barrier_wait(&smem.do_full[stage], state.phase);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)

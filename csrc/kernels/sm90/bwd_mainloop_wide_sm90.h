@@ -94,7 +94,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   clear(acc_dkt);
   clear(acc_dvt);
   if (steps > 0) {
-    barrier_wait(&smem.kv_full, 0);
+    barrier_wait(&smem.k_full, 0);  // K and V
     // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
     // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own keys, dQ runs after kdSWritten.
     if (work.varlen && key0 + kKeys > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);

@@ -90,7 +90,7 @@ struct BwdLoadTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
     alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
     alignas(128) float dsum[kStages][kRowsStride];
-    uint64_t kv_full;
+    uint64_t k_full, v_full;  // the wide kernels' K and V both on k_full; the narrow ones' V after the first Q
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStagesdO], do_empty[kStagesdO];
   };
 };
@@ -115,6 +115,7 @@ struct BwdTraitsSm90
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
+  // The 168 registers a thread holds at launch (384 threads): an increase past them would wait forever.
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
   static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
