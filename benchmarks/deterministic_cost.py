@@ -34,10 +34,15 @@ def main():
         q, k, v, dout = (torch.randn(batch, seqlen, heads if i in (0, 3) else heads_k, hdim, device="cuda",
                                      dtype=torch.bfloat16, requires_grad=i < 3) for i in range(4))
         ms = {}
-        for name, deterministic, backend in modes:
+        for mode in list(modes):
+            name, deterministic, backend = mode
             with forward_backend(backend):  # read by the backward too; the caller's setting comes back after
                 fn = lambda: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)  # noqa: E731
-                ms[name] = median_ms(pass_fn(fn, "bwd", (q, k, v), dout), reps=20)
+                try:
+                    ms[name] = median_ms(pass_fn(fn, "bwd", (q, k, v), dout), reps=20)
+                except NotImplementedError as e:  # the SM80 path left out of a default build
+                    print(f"{name}: skipped ({e})")
+                    modes.remove(mode)
         times = ", ".join(f"{name} {t:.3f} ms (x{t / ms['default']:.2f})" for name, t in ms.items())
         print(f"b={batch} s={seqlen} h={heads}:{heads_k} d={hdim} causal={causal}: {times}")
 
