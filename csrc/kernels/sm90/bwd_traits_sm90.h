@@ -115,7 +115,7 @@ struct BwdTraitsSm90
   static constexpr int kConsumerWarpgroups = kBlockN / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
-  // The 168 registers a thread holds at launch (384 threads): an increase past them would wait forever.
+  // 128 x 24 + 256 x 240 = 384 x 168, what the block holds from launch: setmaxnreg.inc past it waits forever.
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
   static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
