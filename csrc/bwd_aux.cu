@@ -1,5 +1,6 @@
 // The backward's preprocess, D = rowsum(dO o O) in fp32 and LSE in log2 next to it (in one (heads, total_q)
-// layout for every batch mode), which also zero-fills the dQ accumulator and, for varlen, the gradient rows
+// layout for every batch mode), which also zero-fills the dQ accumulator (and the Hopper backward's tile
+// counter) and, for varlen, the gradient rows
 // outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets);
 // and after the main kernels, the conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a
 // backward with head splits.
@@ -88,6 +89,7 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
   const int64_t first = block * kThreads + threadIdx.x, stride = int64_t(gridDim.x) * gridDim.y * gridDim.z * kThreads;
   float4* accum = reinterpret_cast<float4*>(p.dq_accum);
   for (int64_t i = first; i < accum_vec4; i += stride) accum[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (first == 0) *reinterpret_cast<int*>(p.softmax_d + bwd_tile_counter_offset(p)) = 0;
 
   // Rows outside every sequence take no part in the loss: zero gradients. (The kernels write the rest.)
   if (p.cu_seqlens_q != nullptr) {

@@ -276,7 +276,7 @@ int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
   return int(std::max<int64_t>(1, std::min<int64_t>({fill, key_blocks, kMaxSplits})));
 }
 
-int64_t bwd_softmax_d_elems(const BwdParams& p) { return 2 * bwd_lse_log2_offset(p); }
+int64_t bwd_softmax_d_elems(const BwdParams& p) { return bwd_tile_counter_offset(p) + 4; }
 
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);

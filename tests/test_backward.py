@@ -292,6 +292,39 @@ def test_deterministic_sm90(case, head_dim):
     check_grads(runs[0], ref[1:], ref_pt[1:])
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 160, 256])
+@pytest.mark.parametrize("case", ["causal", "gqa", "empty_key_blocks", "empty_key_blocks_gqa", "softcap", "varlen"])
+def test_bwd_persistent(case, head_dim):
+    """The Hopper backward runs one block per SM, each walking many key blocks: K / V reloaded per key block
+    while the last one's epilogue runs, the rings' phases, dS buffers and dQ hand-offs carried across key
+    blocks, and key blocks no query sees (a narrow window far from the last keys, zero-length query
+    sequences) among them, whose dK / dV are zeros (without head splits written by the block itself).
+    Shapes with several times more key blocks than any Hopper GPU has SMs."""
+    dtype = torch.bfloat16
+    require_kernel(head_dim, dtype)
+    require_hopper_backward(head_dim, dtype)
+    causal, mods, cu_q = case in ("causal", "gqa", "softcap", "varlen"), {}, None
+    if case == "varlen":
+        lens_q, lens_k = [0, 300, 5, 1000, 0, 77, 640, 1] * 6, [40, 300, 0, 900, 17, 77, 1000, 1] * 6
+        cu_q, cu_k, q, k, v = varlen_inputs(lens_q, lens_k, 8, 2, head_dim, dtype)
+        max_q, max_k = max(lens_q), max(lens_k)
+        ref_fn = lambda q, k, v, up: attention_ref_varlen(q, k, v, cu_q, cu_k, causal, upcast=up)[0]  # noqa: E731
+    else:
+        batch, max_q, max_k, heads, group = {
+            "causal": (3, 1500, 1500, 16, 1), "gqa": (4, 700, 700, 16, 8), "softcap": (3, 1100, 1100, 16, 1),
+            "empty_key_blocks": (4, 200, 2000, 16, 1), "empty_key_blocks_gqa": (4, 200, 2000, 16, 4)}[case]
+        q, k, v = dense_inputs(batch, max_q, max_k, heads, group, head_dim, dtype)
+        cu_k = None
+        mods = ({"window": (50, 50)} if case.startswith("empty") else {"softcap": 5.0} if case == "softcap" else {})
+        ref_fn = lambda q, k, v, up: attention_ref(q, k, v, causal, upcast=up, **mods)[0]  # noqa: E731
+    dout = randn(*q.shape, dtype=dtype)
+    grads, ran = ran_kernel(lambda: run_backward(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, **mods),
+                            "bwd_kernel_sm90")
+    assert ran, "the Hopper backward did not run"
+    ref, ref_pt = reference_grads(ref_fn, (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
 def test_torch_deterministic_flag_is_honoured():
     """torch.use_deterministic_algorithms(True) turns on the deterministic backward, seen in the SM80 one's
     memory: with two heads the key blocks split 16 ways, each split with its own dq accumulator."""

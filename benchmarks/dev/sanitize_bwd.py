@@ -1,7 +1,7 @@
 # A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi, dropout; GQA 8:2, whose few key
-# blocks split the query heads over 4 blocks on the Hopper path) for compute-sanitizer; deterministic mode and
-# dropout on the default backward (the Hopper one on sm_90) and, on Hopper builds with FLASH_ATTN2_SM80=1, on
-# the SM80 one too (FLASH_ATTN2_BACKEND=sm80 for the backward alone).
+# blocks split the query heads over 4 blocks on the Hopper path; more key blocks than SMs) for compute-sanitizer;
+# deterministic mode and dropout on the default backward (the Hopper one on sm_90) and, on Hopper builds with
+# FLASH_ATTN2_SM80=1, on the SM80 one too (FLASH_ATTN2_BACKEND=sm80 for the backward alone).
 import torch
 from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func
 from flash_attn2.benchmark import forward_backend
@@ -34,5 +34,11 @@ for d in (64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 o
             out = flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra(4))
             with forward_backend(backend):
                 out.sum().backward()
+    # Many key blocks per persistent block (the Hopper backward walks 160 slots here on 132 SMs at most), with
+    # key blocks no query sees (the window) among them.
+    for window in ((-1, -1), (20, 20)):
+        q = torch.randn(5, 64, 16, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(5, 256, 16, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        flash_attn_func(q, k, v, window_size=window).sum().backward()
 torch.cuda.synchronize()
 print("small: ok")

@@ -111,8 +111,9 @@ struct BwdParams : FwdParams {
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
   // fp32 workspace, contiguous and 16-byte aligned, filled by run_bwd: rowsum(dout * out) as
-  // (num_heads, total_q) followed by lse * log2(e) in the same layout (+inf for rows that saw no key), and
-  // the dq accumulator (its layout is the kernels' own). Sizes: bwd_*_elems().
+  // (num_heads, total_q) followed by lse * log2(e) in the same layout (+inf for rows that saw no key) and
+  // the Hopper backward's tile counter, and the dq accumulator (its layout is the kernels' own). Sizes:
+  // bwd_*_elems().
   float* softmax_d;
   float* dq_accum;
   // 0: key blocks add dq with unordered atomics (fastest). > 0 (deterministic): on the SM80 backward key

@@ -156,6 +156,9 @@ cudaError_t launch_bwd_preprocess(const BwdParams& params, int64_t accum_elems, 
 // this offset, a multiple of 4 so that both arrays' rows share their 16-byte alignment (the Hopper backward
 // loads them with TMA, whose innermost box start must be 16-byte aligned).
 constexpr int64_t bwd_lse_log2_offset(const BwdParams& p) { return (int64_t(p.num_heads) * p.total_q + 3) / 4 * 4; }
+// After LSE: the int a persistent Hopper backward claims its key blocks from (zeroed by the preprocess), in a
+// float4 of its own.
+constexpr int64_t bwd_tile_counter_offset(const BwdParams& p) { return 2 * bwd_lse_log2_offset(p); }
 
 // Shared memory a block may use on the current device (opt-in limit: 227 KB on H100, 163 KB on A100,
 // 99 KB on sm_86/89).

@@ -27,6 +27,14 @@ __device__ __forceinline__ float fast_tanh(float x) {
   return y;
 }
 
+// x, hidden from the optimizer: what derives from it is computed where it is used, not hoisted out of a
+// persistent kernel's tile loop and held in registers across it (the Hopper backward's consumers spilled
+// 172 B at d 128 without it).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Fire-and-forget fp32 adds of v[0..3] to ptr[0..3] (16-byte aligned) in global memory: one vector
 // reduction on sm_90, four scalar ones before. Spelled out because atomicAdd on a pointer the compiler
 // cannot prove global becomes a generic atomic with a compare-and-swap fallback.

@@ -1,6 +1,8 @@
 // FlashAttention backward on Hopper (sm_90a): TMA loads, wgmma, warp specialization.
 //
-// One block per (key block, batch, kv head). Warpgroup 0's first warp loads K and V once and then, for
+// Persistent: one block per SM walks the slots of (key block, batch, kv head), claiming each next one as
+// it starts a tile (longest causal key blocks first), so that one key block's epilogue overlaps the next
+// one's first loads. Per key block, warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
 // LSE) and dO[m] into their rings; its next warps, one per consumer warpgroup, add that warpgroup's staged
 // dQ shares to the fp32 accumulator (TMA reduce-add). The further warpgroups consume the ring: at head dim
@@ -40,17 +42,18 @@ __device__ void load_key_block(const Tma& tma, Smem&& sX, uint64_t* full, const 
   copy(tma.with(*full), get<0>(tX), get<1>(tX));
 }
 
-// Producer warp 0: K (the wide kernels: and V) once, then Q (with its rows' D and LSE) and dO per step into
-// the kStages ring.
+// Producer warp 0, per key block: Q (with its rows' D and LSE) and dO per step into their rings, and K
+// (the wide kernels: and V) once the consumers are done with the last key block's, after the first Q and
+// dO, which so load while the last key block's epilogue runs.
 template <class Traits>
 __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                         const BwdWork<Traits>& work) {
+                         const BwdWork<Traits>& work, PipelineState& state, PipelineState& state_do, int key_blocks,
+                         bool leader) {
   using namespace cute;
   constexpr int kStages = Traits::kStages;
   const BwdParams& p = args.params;
   const SeqlenInfo& seq = work.seq;
   const int steps = work.steps, batch_index = work.batch_index;
-  const bool leader = cute::elect_one_sync();
   Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));    // (rows, D, heads, batch) coordinates
   Tensor mdO = args.tma_do.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch)
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});     // (M, D, stages)
@@ -59,17 +62,6 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
     return local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), m(_, _, head, batch_index)),
                       typename Traits::TileQ{}, make_coord(_, _0{}));
   };
-  PipelineState state, state_do;
-  if (steps == 0) return;  // no query sees these keys: the consumers store zeros
-  if (leader) {  // the wide kernels: K and V together (V after the first Q cost them 4%, TUNING 104)
-    barrier_expect_tx(&smem.k_full, (Traits::kWide ? 2 : 1) * Traits::kKVBytes);
-    load_key_block(args.tma_k, make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
-                   &smem.k_full, p, work);
-    if constexpr (Traits::kWide) {
-      load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
-                     &smem.k_full, p, work);
-    }
-  }
   Tensor mRows = args.tma_rows.get_tma_tensor(make_shape(args.rows_extent));  // (elements): D, then LSE (log2)
   using RowsLayout = Layout<Shape<Int<Traits::kRowsBox>, Int<kStages>>, Stride<_1, Int<Traits::kRowsStride>>>;
   Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse_log2[0][0]), RowsLayout{});  // (M + 4, stages)
@@ -95,25 +87,36 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
       copy(args.tma_rows.with(*full), get<0>(tLSE), get<1>(tLSE));
     }
     state.template advance<kStages>();
-    if (!Traits::kWide && step == 0) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
     barrier_wait(&smem.do_empty[state_do.stage], state_do.phase ^ 1);
     if (leader) {
       barrier_expect_tx(&smem.do_full[state_do.stage], Traits::kQBytes);
       copy(args.tma_do.with(smem.do_full[state_do.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state_do.stage));
     }
     state_do.template advance<Traits::kStagesdO>();
+    if (step == 0) {
+      if (key_blocks > 0) barrier_wait(&smem.kv_empty, (key_blocks - 1) & 1);
+      if (leader) {  // the wide kernels: K and V on one barrier (V on its own cost them 4%, TUNING 104-106)
+        barrier_expect_tx(&smem.k_full, (Traits::kWide ? 2 : 1) * Traits::kKVBytes);
+        load_key_block(args.tma_k, make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
+                       &smem.k_full, p, work);
+        if constexpr (Traits::kWide) {
+          load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
+                         &smem.k_full, p, work);
+        }
+      }
+      if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
+    }
   }
 }
 
-// Producer warp 3 of the narrow kernels: V once the loader has issued the first Q, so that the first
+// Producer warp 3 of the narrow kernels, per key block: V once the loader has issued K, so that the first
 // S^T = K Q^T waits for K and Q only (TUNING 104-106). Its own warp: the loader's 24 registers spill when it
 // keeps V's coordinates across its loop.
 template <class Traits>
 __device__ void bwd_load_v(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                            const BwdWork<Traits>& work) {
   using namespace cute;
-  if (work.steps == 0) return;
-  named_barrier_sync(64, int(BwdBarrier::kVAfterQ));
+  named_barrier_sync(64, int(BwdBarrier::kVAfterQ));  // after the loader's kv_empty wait
   if (cute::elect_one_sync()) {
     barrier_expect_tx(&smem.v_full, Traits::kKVBytes);
     load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
@@ -125,9 +128,11 @@ __device__ void bwd_load_v(const BwdArgsSm90<Traits>& args, typename Traits::Sha
 // reduce-add once staged. One writer per warpgroup, so that no warpgroup waits for another's share to
 // get its staging buffer back (the warpgroups run out of phase: TUNING 36). Deterministic mode: in
 // key-block order (dq_turns.h).
+// `owed`: the consumers' last share of the previous key block was sent, its buffer not yet handed back (that
+// waits for a next share, so that no arrival is left pending when the block ends).
 template <class Traits, int w>
 __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                             const BwdWork<Traits>& work) {
+                             const BwdWork<Traits>& work, bool& owed) {
   using namespace cute;
   constexpr int kHeadDim = Traits::kHeadDim, kParts = Traits::kDQParts;
   const BwdParams& p = args.params;
@@ -136,6 +141,7 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
   const int first_row = int(work.seq.offset_q(p.seqlen_q, 1, work.bidb));
   const DQTurns<Traits::kBlockM, Traits::kBlockN> turns(p, w, kHeadDim, work.bidb, first_row, work.n_block, work.window);
   const bool issuer = cute::elect_one_sync();  // one lane: a bulk async-group belongs to its thread
+  if (owed) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
   for (int step = 0; step < work.steps; ++step) {
     const int head = work.head(step), m_block = work.m_block(step);
     if (turns.ordered()) {
@@ -157,6 +163,7 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
     }
     if (turns.ordered() && issuer) turns.pass(head, m_block);
   }
+  owed = true;
 }
 
 }  // namespace sm90
@@ -175,19 +182,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = args.params;
 
-  // One key block per block: the key-side tile slots (sized from the packed length for varlen, so no
-  // max_seqlen_k hint can leave keys out).
-  const int slot = int(blockIdx.x) / args.head_splits;
-  const QueryTile tile = args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch_sm90.h)
-                             ? args.causal_keys.get(p, slot)
-                             : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot);
-  if (!tile.valid) return;  // an empty slot; dK / dV rows outside every sequence are the preprocess's
-  const BwdWork<Traits> work(p, tile, args.head_splits);
-  const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
-
   if (threadIdx.x == 0) {
     barrier_init(&smem.k_full, 1);
     if constexpr (!Traits::kWide) barrier_init(&smem.v_full, 1);
+    barrier_init(&smem.kv_empty, Traits::kConsumerThreads);
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&smem.q_full[s], 1);
@@ -207,31 +205,81 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
         }
       }
     }
+    smem.slots.init();
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  griddep_wait();  // launched after the preprocess (launch_after): its D, LSE and zeroed accumulators
+  griddep_wait();  // launched after the preprocess (launch_after): its D, LSE, zeroed accumulators and counter
   griddep_launch_dependents();
+
+  // The slots: key-side tiles (sized from the packed length for varlen, so no max_seqlen_k hint can leave
+  // keys out), head_splits consecutive slots per tile, in the order the launcher set (causal: longest
+  // first). Each block starts at its own index and claims the next slots from the counter the preprocess
+  // zeroed (with one block per slot, as in deterministic mode, every claim lands past the end): the loader
+  // claims one as it starts a tile's loads and publishes it (smem.slots) to the other warps, then one past
+  // the last.
+  const int splits = args.head_splits;
+  const int num_slots = int(QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p)) * splits;
+  auto slot_tile = [&](int slot) -> SlotTile {
+    if (slot >= num_slots) return {slot, QueryTile{}};
+    return {slot, args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch_sm90.h)
+                      ? args.causal_keys.get(p, slot / splits)
+                      : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot / splits)};
+  };
+  // Calls f(work) for each of the block's tiles (empty slots skipped; dK / dV rows outside every sequence
+  // are the preprocess's); the warps other than the loader receive the tiles after their first.
+  auto for_each_tile = [&](auto&& f) {
+    PipelineState slot_state;
+    for (SlotTile t = slot_tile(int(blockIdx.x)); t.slot < num_slots; t = smem.slots.receive(slot_state)) {
+      if (t.tile.valid) f(BwdWork<Traits>(p, t.tile, splits, t.slot % splits));
+    }
+  };
+  const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
 
   if (warpgroup == 0) {  // producer
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const int warp = int(threadIdx.x) / 32;
-    if (warp == 0) bwd_load(args, smem, work);
+    if (warp == 0) {
+      const bool leader = cute::elect_one_sync();
+      PipelineState state, state_do, slot_state;
+      int key_blocks = 0;
+      for (SlotTile t = slot_tile(int(blockIdx.x)); t.slot < num_slots;) {
+        const int claimed = threadIdx.x % 32 == 0 ? atomicAdd(args.tile_counter, 1) : 0;  // read after the tile's loads
+        if (t.tile.valid) {
+          const BwdWork<Traits> work(p, t.tile, splits, t.slot % splits);
+          if (work.steps > 0) bwd_load(args, smem, work, state, state_do, key_blocks++, leader);
+        }
+        t = slot_tile(int(gridDim.x) + __shfl_sync(0xffffffffu, claimed, 0));
+        smem.slots.publish(t, slot_state, leader);
+      }
+    }
     cute::for_each(cute::make_int_sequence<kGroups>{}, [&](auto w) {
-      if (warp == 1 + w) bwd_write_dq<Traits, decltype(w)::value>(args, smem, work);
+      if (warp == 1 + w) {
+        bool owed = false;
+        for_each_tile([&](const BwdWork<Traits>& work) {
+          if (work.steps > 0) bwd_write_dq<Traits, decltype(w)::value>(args, smem, work, owed);
+        });
+      }
     });
     if constexpr (!Traits::kWide) {
       static_assert(kGroups == 2 && int(BwdBarrier::kdQEmpty0) + kGroups == int(BwdBarrier::kVAfterQ));
-      if (warp == 3) bwd_load_v(args, smem, work);
+      if (warp == 3) {
+        for_each_tile([&](const BwdWork<Traits>& work) {
+          if (work.steps > 0) bwd_load_v(args, smem, work);
+        });
+      }
     }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-  if constexpr (Traits::kWide) {
-    bwd_consume_wide<Traits, kExtended, kDropout>(args, smem, work, warpgroup - 1);
-  } else {
-    bwd_consume<Traits, kExtended, kDropout>(args, smem, work, warpgroup - 1);
-  }
+  BwdConsumerState state;
+  for_each_tile([&](const BwdWork<Traits>& work) {
+    if constexpr (Traits::kWide) {
+      bwd_consume_wide<Traits, kExtended, kDropout>(args, smem, work, warpgroup - 1, state);
+    } else {
+      bwd_consume<Traits, kExtended, kDropout>(args, smem, work, warpgroup - 1, state);
+    }
+  });
 #endif
 }
 

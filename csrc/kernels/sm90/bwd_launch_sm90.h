@@ -3,6 +3,7 @@
 // preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum) runs before, as for SM80.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <type_traits>
 
@@ -33,7 +34,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   auto kernel = &bwd_kernel_sm90<Traits, kExtended, kDropout>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
-  const int64_t rows_extent = bwd_softmax_d_elems(p);
+  const int64_t rows_extent = bwd_tile_counter_offset(p);  // D and LSE
   if (rows_extent > INT_MAX) return cudaErrorInvalidValue;  // TMA coordinates are int
   sm90::tma_encode_failed = false;
   using cute::SM90_TMA_LOAD;
@@ -55,6 +56,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
       int(rows_extent),
       head_splits,
       {},
+      reinterpret_cast<int*>(p.softmax_d + bwd_tile_counter_offset(p)),
   };
   // Causal key blocks longest first. At the wide shape (head dim > 128), MHA: in sections of 8 pairs, not
   // pair by pair, so that the long key blocks of the last pairs do not start last (d 256 causal 1k-8k, H100:
@@ -81,7 +83,16 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
     }
   }
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
-  if (cudaError_t err = launch_after(kernel, dim3(unsigned(num_blocks)), dim3(Traits::kNThreads), Traits::kSmemBytes,
+  // Persistent: one block per SM (one fits), claiming slots as it frees up. Deterministic mode keeps one block
+  // per slot: its dQ turns wait only for lower-numbered blocks, which start first (dq_turns.h).
+  int grid = int(num_blocks);
+  if (p.num_splits == 0) {
+    int device = 0, num_sms = 0;
+    if (cudaError_t err = cudaGetDevice(&device)) return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
+    grid = int(std::min<int64_t>(num_blocks, num_sms));
+  }
+  if (cudaError_t err = launch_after(kernel, dim3(unsigned(grid)), dim3(Traits::kNThreads), Traits::kSmemBytes,
                                      stream, args)) {
     return err;
   }

@@ -4,7 +4,7 @@
 //   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it); with
 //   64-row steps one step later, so that the two warpgroups need not meet every step (Traits::kDeferDQ).
 // After the last step dK and dV go through the warpgroup's own rows of K and V in shared memory, for
-// coalesced row stores.
+// coalesced row stores; then kv_empty lets the next key block's K and V in.
 #pragma once
 
 #include "sm90/bwd_work_sm90.h"
@@ -15,11 +15,12 @@
 
 namespace flash_attn2::sm90 {
 
-// Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the block's key block.
+// Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the tile's key block.
 template <class Traits, bool kExtended, bool kDropout>
 __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                            const BwdWork<Traits>& work, int wg) {
+                            const BwdWork<Traits>& work, int wg_, BwdConsumerState& carried) {
   using namespace cute;
+  const int wg = opaque(wg_);
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
@@ -27,7 +28,17 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   const SeqlenInfo& seq = work.seq;
   const int steps = work.steps, n_block = work.n_block;
   const bool varlen = work.varlen;
-  const int thread = int(threadIdx.x) % 128;
+  const int thread = opaque(int(threadIdx.x) % 128);  // opaque: the per-tile setup stays in the tile loop
+  const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
+  if (steps == 0) {  // no query sees these keys: zero dK and dV (K and V may hold the next key block's)
+    if (args.head_splits == 1) {
+      clear_rows<64>(work.template dkv_out<Element>(p, 0) + int64_t(key0) * p.dk_row_stride, p.dk_row_stride,
+                     seq.len_k - key0, p.head_dim, thread, 128);
+      clear_rows<64>(work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride,
+                     seq.len_k - key0, p.head_dim, thread, 128);
+    }
+    return;
+  }
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});      // (M, D, stages)
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});  // (M, D, stages)
   Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});    // (D, M, stages)
@@ -74,6 +85,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
 
   constexpr int kDSBuffers = Traits::kDSBuffers;
   constexpr bool kDeferDQ = Traits::kDeferDQ;
+  // Steps count on from the last key block's (j below): the dS buffers and the dQ hand-off go on in order.
+  const int step0 = carried.steps;
   // dQ[:, own half] = dS K for step j, once both warpgroups' dS^T of that step is in its buffer.
   auto issue_dq = [&](int j, auto& acc_dq) {
     const int b = j % kDSBuffers;
@@ -95,16 +108,14 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     if constexpr (kDeferDQ) barrier_arrive(&smem.ds_empty[j % kDSBuffers]);
     stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/j > 0);
   };
-  PipelineState state;
-  const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
+  PipelineState& state = carried.q;
+  const uint32_t kv_phase = carried.key_blocks & 1;
   clear(acc_dk);
   clear(acc_dv);
-  if (steps > 0) {
-    barrier_wait(&smem.k_full, 0);
-    // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
-    // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
-    if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
-  }
+  barrier_wait(&smem.k_full, kv_phase);
+  // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
+  // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own slab, the first dQ waits on both.
+  if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   for (int step = 0; step < steps; ++step) {
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
     const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
@@ -115,7 +126,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileSt{});   // ((2, 2, M / 8), 1, 1)
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileSt{});  // ((2, 2, M / 8), 1, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), acc_s);
-    barrier_wait(&smem.v_full, 0);  // V comes after the first Q (bwd_load_v): a no-op after the first step
+    barrier_wait(&smem.v_full, kv_phase);  // V comes after K (bwd_load_v): a no-op after the first step
     barrier_wait(&smem.do_full[stage], state.phase);
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrV, tdPrdO(_, _, _, stage), acc_dp);
     Tensor St = rowcol_view(acc_s);    // (keys, queries)
@@ -222,8 +233,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     Tensor tdVrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));     // ((2, 2, 2), 1, M / 16)
     Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
-    const int buf = step % kDSBuffers;
-    if (kDeferDQ && step >= kDSBuffers) barrier_wait(&smem.ds_empty[buf], (step / kDSBuffers - 1) & 1);
+    const int buf = (step0 + step) % kDSBuffers;
+    if (kDeferDQ && step0 + step >= kDSBuffers) barrier_wait(&smem.ds_empty[buf], ((step0 + step) / kDSBuffers - 1) & 1);
     Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[buf].data()), typename Traits::SmemLayoutdSt{}),
                               Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
     cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));
@@ -242,20 +253,22 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     const int dq_step = kDeferDQ ? step - 1 : step;
     if (dq_step >= 0) {
       Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
-      issue_dq(dq_step, acc_dq);
+      issue_dq(step0 + dq_step, acc_dq);
       warpgroup_wait<1>();  // dV and dK are done: Q[m] and dO[m] may go
       release();
-      finish_dq(dq_step, acc_dq);
+      finish_dq(step0 + dq_step, acc_dq);
     } else {
       warpgroup_wait<0>();
       release();
     }
   }
-  if (kDeferDQ && steps > 0) {
+  if constexpr (kDeferDQ) {
     Tensor acc_dq = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, D / 16), 1, 1)
-    issue_dq(steps - 1, acc_dq);
-    finish_dq(steps - 1, acc_dq);
+    issue_dq(step0 + steps - 1, acc_dq);
+    finish_dq(step0 + steps - 1, acc_dq);
   }
+  carried.key_blocks += 1;
+  carried.steps += steps;
 
   if (args.head_splits > 1) {
     // dK and dV leave from registers as this block's fp32 share (scaled and converted afterwards), two
@@ -265,6 +278,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TileKVWarpgroup{})));  // (keys, D) -> coords
     float* dk_acc = work.dkv_accum(p, 0);
     float* dv_acc = work.dkv_accum(p, 1);
+    barrier_arrive(&smem.kv_empty);  // the last dQ = dS K is done with K (finish_dq waited for it)
     CUTE_UNROLL
     for (int r = 0; r < size<0>(dK); ++r) {
       const int key = key0 + get<0>(tdKcdK(r, 0));
@@ -296,6 +310,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
              p.head_dim, thread, 128);
   store_rows(sVw, work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride, rows,
              p.head_dim, thread, 128);
+  cutlass::arch::fence_view_async_shared();  // the reads above before the next key block's TMA writes
+  barrier_arrive(&smem.kv_empty);
 }
 
 }  // namespace flash_attn2::sm90

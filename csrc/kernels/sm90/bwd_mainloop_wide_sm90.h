@@ -19,8 +19,9 @@ namespace flash_attn2::sm90 {
 // kDropout (with kExtended): dropout's keep bits drawn while S and dP run.
 template <class Traits, bool kExtended, bool kDropout>
 __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                                 const BwdWork<Traits>& work, int wg) {
+                                 const BwdWork<Traits>& work, int wg_, BwdConsumerState& carried) {
   using namespace cute;
+  const int wg = opaque(wg_);
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys, kDRows = Traits::kDRows;
@@ -28,7 +29,17 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   const BwdParams& p = args.params;
   const SeqlenInfo& seq = work.seq;
   const int steps = work.steps, n_block = work.n_block;
-  const int thread = int(threadIdx.x) % 128;
+  const int thread = opaque(int(threadIdx.x) % 128);  // opaque: the per-tile setup stays in the tile loop
+  if (steps == 0) {  // no query sees these keys: zero dK and dV (K and V may hold the next key block's)
+    if (args.head_splits == 1) {
+      const int first_key = n_block * kBlockN;
+      clear_rows<kBlockN>(work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride,
+                          seq.len_k - first_key, p.head_dim, wg * 128 + thread, kThreads);
+      clear_rows<kBlockN>(work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride,
+                          seq.len_k - first_key, p.head_dim, wg * 128 + thread, kThreads);
+    }
+    return;
+  }
 
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});       // (M, D, stages)
   Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutdO{});  // (M, D, dO stages)
@@ -89,16 +100,15 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
                                                       typename Traits::SmemLayoutdQ{}));  // (CPY, CPY_M, CPY_D)
   const bool release_thread = thread == 0;
 
-  PipelineState state, state_do;
+  PipelineState &state = carried.q, &state_do = carried.dout;
+  const bool first_share = carried.steps == 0;  // of the block: no dQ share of a last key block to wait for
   const int key0 = n_block * kBlockN + wg * kKeys;  // this warpgroup's first key
   clear(acc_dkt);
   clear(acc_dvt);
-  if (steps > 0) {
-    barrier_wait(&smem.k_full, 0);  // K and V
-    // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
-    // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own keys, dQ runs after kdSWritten.
-    if (work.varlen && key0 + kKeys > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
-  }
+  barrier_wait(&smem.k_full, carried.key_blocks & 1);  // K and V
+  // Varlen: K rows past the sequence (the next one's, or rows outside every sequence) to zero, since
+  // dQ = dS K would carry 0 x NaN; each warpgroup zeroes its own keys, dQ runs after kdSWritten.
+  if (work.varlen && key0 + kKeys > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   for (int step = 0; step < steps; ++step) {
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage, stage_do = state_do.stage;
     const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
@@ -223,11 +233,13 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         }
       }
       // Staged once the writer warp has sent the last part.
-      stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/step > 0 || kPart > 0);
+      stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/!first_share || step > 0 || kPart > 0);
     });
     state.template advance<kStages>();
     state_do.template advance<Traits::kStagesdO>();
   }
+  carried.key_blocks += 1;
+  carried.steps += steps;
 
   // dK and dV from registers: element (d, key) of dK^T / dV^T is dK / dV (key, d); keys past the sequence
   // and columns past head_dim clipped. With head splits this block's fp32 share (scaled and converted
@@ -249,6 +261,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   if (args.head_splits > 1) {
     float* dk_acc = work.dkv_accum(p, 0);
     float* dv_acc = work.dkv_accum(p, 1);
+    barrier_arrive(&smem.kv_empty);  // the last dQ part was waited for: K and V are free
     for_each([&](int key, int col, int r, int c) {
       atomicAdd(dk_acc + int64_t(key) * kHeadDim + col, dKt(r, c));
       atomicAdd(dv_acc + int64_t(key) * kHeadDim + col, dVt(r, c));
@@ -281,6 +294,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
              p.head_dim, wg * 128 + thread, kThreads);
   store_rows(sV, work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride, rows,
              p.head_dim, wg * 128 + thread, kThreads);
+  cutlass::arch::fence_view_async_shared();  // the reads above before the next key block's TMA writes
+  barrier_arrive(&smem.kv_empty);
 }
 
 }  // namespace flash_attn2::sm90

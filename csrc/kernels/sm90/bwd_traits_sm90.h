@@ -20,6 +20,7 @@
 #include "common/registry.h"
 #include "common/tile_scheduler.h"  // CausalTileOrder
 #include "flash_attn2/flash_attn2.h"
+#include "sm90/scheduler_sm90.h"  // SlotRing
 #include "sm90/tma.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
 namespace flash_attn2 {
@@ -91,6 +92,7 @@ struct BwdLoadTraitsSm90 {
     alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
     alignas(128) float dsum[kStages][kRowsStride];
     uint64_t k_full, v_full;  // the wide kernels' K and V both on k_full; the narrow ones' V after the first Q
+    uint64_t kv_empty;        // every consumer thread: done with K and V, the next key block may come
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStagesdO], do_empty[kStagesdO];
   };
 };
@@ -169,10 +171,14 @@ struct BwdTraitsSm90
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, typename Base::GmemTensorAcc{}, SmemLayoutdQ{},
                                              TiledQ{}, cute::_1{}));
 
+  // The tiles after the first, from the loader to every other warp: the V loader, the dQ writers, the consumers.
+  static constexpr int kSlotReaders = 1 + kConsumerWarpgroups + kConsumerThreads / 32;
+
   struct SharedStorage : Base::LoadStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>, 1024> ds[kDSBuffers];  // by step % kDSBuffers
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
     uint64_t ds_full[kDSBuffers], ds_empty[kDSBuffers];  // kDeferDQ: every consumer thread arrives
+    sm90::SlotRing<2, kSlotReaders> slots;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block");
@@ -237,10 +243,13 @@ struct BwdTraitsSm90Wide
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, typename Base::GmemTensorAcc{}, SmemLayoutdQ{},
                                              TiledQ{}, cute::_1{}));
 
+  static constexpr int kSlotReaders = kConsumerWarpgroups + kConsumerThreads / 32;  // the dQ writers, the consumers
+
   struct SharedStorage : Base::LoadStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> p;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> ds;
     cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>, 1024> dq[kConsumerWarpgroups];
+    sm90::SlotRing<2, kSlotReaders> slots;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block");
@@ -266,6 +275,7 @@ struct BwdArgsSm90 {
   // Causal key blocks longest first in sections of (batch, kv head) pairs (bwd_launch_sm90.h says how);
   // section_heads 0: pair by pair (QueryTileScheduler's order).
   CausalTileOrder<true> causal_keys;
+  int* tile_counter;  // the slots claimed so far past the grid's first (bwd_kernel_sm90.h)
 };
 
 }  // namespace flash_attn2

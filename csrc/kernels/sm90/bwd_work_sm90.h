@@ -40,6 +40,14 @@ __device__ void stage_dq(const TiledCopy& copy_dq, const ThrCopy& thr_copy, cons
   named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
 }
 
+// What a consumer warpgroup carries from one tile to the next: its places in the Q and dO rings, the key
+// blocks it has had (the phases of k_full, v_full and kv_empty) and its steps so far (the dS buffers' and the
+// dQ hand-off's order).
+struct BwdConsumerState {
+  PipelineState q, dout;
+  int key_blocks = 0, steps = 0;
+};
+
 // One block's work: a key block of one kv head, and its steps (query block that sees these keys, query
 // head of the block's share of the group), taken in the same order by every role. Heads inner: the blocks
 // of a kv head then walk its query blocks together, last first, as without GQA, so that what they read
@@ -54,13 +62,14 @@ struct BwdWork {
   bool varlen;
   int batch_index;  // of the (rows, D, heads, batch) TMA tensors: 0 for varlen
 
-  // With head splits, consecutive blocks share a key block, each with its part of the query-head group.
-  __device__ BwdWork(const BwdParams& p, const QueryTile& tile, int head_splits)
+  // With head splits, consecutive slots share a key block, split s of them taking part s of the query-head
+  // group.
+  __device__ BwdWork(const BwdParams& p, const QueryTile& tile, int head_splits, int split)
       : bidb(tile.bidb), bidh_k(tile.bidh), seq(p, tile.bidb), window(seq.len_q, seq.len_k, p),
         varlen(p.cu_seqlens_q != nullptr) {
     constexpr int kBlockN = Traits::kBlockN;
     heads = p.num_heads / p.num_heads_k / head_splits;  // query heads of this block
-    h0 = bidh_k * heads * head_splits + int(blockIdx.x) % head_splits * heads;
+    h0 = (bidh_k * head_splits + split) * heads;
     // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
     // first block is seen by the most query rows, so the order is reversed: longest work first.
     n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.m_block;

@@ -86,6 +86,16 @@ __device__ void store_rows(const Tensor& t, Element* out, int64_t row_stride, in
   }
 }
 
+// Rows [0, rows) of a kRows-row block at out to zero, columns below `columns` (a multiple of 8), 16 bytes per
+// store, by `threads` threads.
+template <int kRows, typename Element>
+__device__ void clear_rows(Element* out, int64_t row_stride, int rows, int columns, int thread, int threads) {
+  const int chunks = columns / 8;
+  for (int i = thread; i < min(rows, kRows) * chunks; i += threads) {
+    *reinterpret_cast<uint4*>(out + i / chunks * row_stride + i % chunks * 8) = uint4{0, 0, 0, 0};
+  }
+}
+
 // A copy op for CuTe's copy(): st.shared of one T (32 or 64 bits). CuTe's swizzled shared-memory pointers
 // round-trip through integers, which loses the address space: plain copies compiled to scalar generic
 // stores (ST.E with 64-bit addresses, benchmarks/TUNING.md step 27).
