@@ -1,8 +1,8 @@
 // FlashAttention backward on Hopper (sm_90a): TMA loads, wgmma, warp specialization.
 //
-// Persistent: one block per SM walks the slots of (key block, batch, kv head), claiming each next one as
-// it starts a tile (longest causal key blocks first), so that one key block's epilogue overlaps the next
-// one's first loads. Per key block, warpgroup 0's first warp loads K and V once and then, for
+// Persistent: one block per SM walks the slots of (key block, batch, kv head) (longest causal key blocks
+// first), claiming each next one as it nears the end of a tile, so that one key block's epilogue overlaps
+// the next one's first loads. Per key block, warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
 // LSE) and dO[m] into their rings; its next warps, one per consumer warpgroup, add that warpgroup's staged
 // dQ shares to the fp32 accumulator (TMA reduce-add). The further warpgroups consume the ring: at head dim
@@ -44,16 +44,17 @@ __device__ void load_key_block(const Tma& tma, Smem&& sX, uint64_t* full, const 
 
 // Producer warp 0, per key block: Q (with its rows' D and LSE) and dO per step into their rings, and K
 // (the wide kernels: and V) once the consumers are done with the last key block's, after the first Q and
-// dO, which so load while the last key block's epilogue runs.
+// dO, which so load while the last key block's epilogue runs. `loaded`: the steps of the block's earlier key
+// blocks, which place this one's in the rings; `key_blocks`: those key blocks (kv_empty's phase). Its 24
+// registers hold little across a step: the rings' places are counted, not carried.
 template <class Traits>
 __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                         const BwdWork<Traits>& work, PipelineState& state, PipelineState& state_do, int key_blocks,
-                         bool leader) {
+                         const BwdWork<Traits>& work, int loaded, int key_blocks, bool leader) {
   using namespace cute;
   constexpr int kStages = Traits::kStages;
   const BwdParams& p = args.params;
   const SeqlenInfo& seq = work.seq;
-  const int steps = work.steps, batch_index = work.batch_index;
+  const int batch_index = work.batch_index;
   Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));    // (rows, D, heads, batch) coordinates
   Tensor mdO = args.tma_do.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch)
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});     // (M, D, stages)
@@ -69,15 +70,16 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
   auto rows = [&](int64_t first) {  // (M + 4): elements [first, first + M + 4) of the workspace
     return local_tile(domain_offset(make_coord(int(first)), mRows), Shape<Int<Traits::kRowsBox>>{}, make_coord(0));
   };
-  const int64_t lse_offset = bwd_lse_log2_offset(p);
-  for (int step = 0; step < steps; ++step) {
+  auto load_step = [&](int step) {
     const int head = work.head(step), m_block = work.m_block(step);
+    const auto state = PipelineState::after<kStages>(loaded + step);
+    const auto state_do = PipelineState::after<Traits::kStagesdO>(loaded + step);
     auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
     auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
     const int64_t first = work.rows(p, step) & ~int64_t(3);
     // (gmem, smem) pairs of one box each: D, and LSE at the same shift past lse_offset
     auto tdsum = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sdsum(_, state.stage), rows(first));
-    auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage), rows(lse_offset + first));
+    auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage), rows(bwd_lse_log2_offset(p) + first));
     barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
     if (leader) {
       uint64_t* full = &smem.q_full[state.stage];
@@ -86,27 +88,25 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
       copy(args.tma_rows.with(*full), get<0>(tdsum), get<1>(tdsum));
       copy(args.tma_rows.with(*full), get<0>(tLSE), get<1>(tLSE));
     }
-    state.template advance<kStages>();
     barrier_wait(&smem.do_empty[state_do.stage], state_do.phase ^ 1);
     if (leader) {
       barrier_expect_tx(&smem.do_full[state_do.stage], Traits::kQBytes);
       copy(args.tma_do.with(smem.do_full[state_do.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state_do.stage));
     }
-    state_do.template advance<Traits::kStagesdO>();
-    if (step == 0) {
-      if (key_blocks > 0) barrier_wait(&smem.kv_empty, (key_blocks - 1) & 1);
-      if (leader) {  // the wide kernels: K and V on one barrier (V on its own cost them 4%, TUNING 104-106)
-        barrier_expect_tx(&smem.k_full, (Traits::kWide ? 2 : 1) * Traits::kKVBytes);
-        load_key_block(args.tma_k, make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
-                       &smem.k_full, p, work);
-        if constexpr (Traits::kWide) {
-          load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
-                         &smem.k_full, p, work);
-        }
-      }
-      if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
+  };
+  load_step(0);
+  if (key_blocks > 0) barrier_wait(&smem.kv_empty, (key_blocks - 1) & 1);
+  if (leader) {  // the wide kernels: K and V on one barrier (V on its own cost them 4%, TUNING 104-106)
+    barrier_expect_tx(&smem.k_full, (Traits::kWide ? 2 : 1) * Traits::kKVBytes);
+    load_key_block(args.tma_k, make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{}),
+                   &smem.k_full, p, work);
+    if constexpr (Traits::kWide) {
+      load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
+                     &smem.k_full, p, work);
     }
   }
+  if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
+  for (int step = 1; step < work.steps; ++step) load_step(step);
 }
 
 // Producer warp 3 of the narrow kernels, per key block: V once the loader has issued K, so that the first
@@ -216,8 +216,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // keys out), head_splits consecutive slots per tile, in the order the launcher set (causal: longest
   // first). Each block starts at its own index and claims the next slots from the counter the preprocess
   // zeroed (with one block per slot, as in deterministic mode, every claim lands past the end): the loader
-  // claims one as it starts a tile's loads and publishes it (smem.slots) to the other warps, then one past
-  // the last.
+  // claims one after each tile's loads and publishes it (smem.slots) to the other warps, then one past the
+  // last.
   const int splits = args.head_splits;
   const int num_slots = int(QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p)) * splits;
   auto slot_tile = [&](int slot) -> SlotTile {
@@ -241,15 +241,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     const int warp = int(threadIdx.x) / 32;
     if (warp == 0) {
       const bool leader = cute::elect_one_sync();
-      PipelineState state, state_do, slot_state;
-      int key_blocks = 0;
+      int loaded = 0, key_blocks = 0, published = 0;
       for (SlotTile t = slot_tile(int(blockIdx.x)); t.slot < num_slots;) {
-        const int claimed = threadIdx.x % 32 == 0 ? atomicAdd(args.tile_counter, 1) : 0;  // read after the tile's loads
         if (t.tile.valid) {
           const BwdWork<Traits> work(p, t.tile, splits, t.slot % splits);
-          if (work.steps > 0) bwd_load(args, smem, work, state, state_do, key_blocks++, leader);
+          if (work.steps > 0) {
+            bwd_load(args, smem, work, loaded, key_blocks++, leader);
+            loaded += work.steps;
+          }
         }
+        // The next slot, claimed once this tile's last loads are issued (the consumers' last two steps and the
+        // epilogue hide the atomic), not as it starts: a block that claimed a slot while starting a long causal
+        // tile would hold it while others ran dry at the end.
+        const int claimed = threadIdx.x % 32 == 0 ? atomicAdd(args.tile_counter, 1) : 0;
         t = slot_tile(int(gridDim.x) + __shfl_sync(0xffffffffu, claimed, 0));
+        PipelineState slot_state = PipelineState::after<2>(published++);
         smem.slots.publish(t, slot_state, leader);
       }
     }

@@ -56,9 +56,10 @@ struct SlotTile {
 
 // The producer's slots on their way to the consumer warpgroups, each with its tile: the slot-to-tile maps
 // divide (and varlen's searches cu_seqlens), which the producer does once for all consumer warps, ahead of
-// them. Written by the producer's leader, read by every consumer warp, which releases the entry once all
-// its lanes have it.
-template <int kStages, int kConsumerWarps>
+// them. Written by the producer's leader, read by whole reader warps, each lane releasing the entry once it has
+// it (one arrival per warp after __syncwarp is enough by the memory model, but compute-sanitizer's racecheck
+// sees only the arriving lane's reads ordered before the next write).
+template <int kStages, int kReaderWarps>
 struct SlotRing {
   static constexpr int kWords = int(sizeof(SlotTile) / sizeof(int));
   static_assert(sizeof(SlotTile) % sizeof(int) == 0 && std::is_trivially_copyable_v<SlotTile>);
@@ -68,7 +69,7 @@ struct SlotRing {
   __device__ void init() {
     for (int s = 0; s < kStages; ++s) {
       barrier_init(&full[s], 1);
-      barrier_init(&empty[s], kConsumerWarps);
+      barrier_init(&empty[s], 32 * kReaderWarps);
     }
   }
 
@@ -94,8 +95,8 @@ struct SlotRing {
     int words[kWords];
     CUTE_UNROLL
     for (int i = 0; i < kWords; ++i) words[i] = static_cast<volatile int*>(entry[state.stage])[i];
-    __syncwarp();  // every lane has read it before the warp releases the entry
-    if (threadIdx.x % 32 == 0) barrier_arrive(&empty[state.stage]);
+    asm volatile("" ::: "memory");
+    barrier_arrive(&empty[state.stage]);
     state.template advance<kStages>();
     SlotTile value;
     memcpy(&value, words, sizeof(SlotTile));

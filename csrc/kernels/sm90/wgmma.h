@@ -41,6 +41,9 @@ struct PipelineState {
   __device__ void advance() {
     if (++stage == kStages) { stage = 0; phase ^= 1; }
   }
+  // The state after n advances from the start: one register to carry where four are scarce (the loader warps).
+  template <int kStages>
+  __device__ static PipelineState after(int n) { return {n % kStages, uint32_t(n / kStages) & 1}; }
 };
 
 __device__ __forceinline__ void barrier_init(uint64_t* bar, int count) { cutlass::arch::ClusterBarrier::init(bar, count); }
