@@ -67,8 +67,8 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
   using RowsLayout = Layout<Shape<Int<Traits::kRowsBox>, Int<kStages>>, Stride<_1, Int<Traits::kRowsStride>>>;
   Tensor sLSE = make_tensor(make_smem_ptr(&smem.lse_log2[0][0]), RowsLayout{});  // (M + 4, stages)
   Tensor sdsum = make_tensor(make_smem_ptr(&smem.dsum[0][0]), RowsLayout{});     // (M + 4, stages)
-  auto rows = [&](int64_t first) {  // (M + 4): elements [first, first + M + 4) of the workspace
-    return local_tile(domain_offset(make_coord(int(first)), mRows), Shape<Int<Traits::kRowsBox>>{}, make_coord(0));
+  auto rows = [&](int first) {  // (M + 4): elements [first, first + M + 4) of the workspace
+    return local_tile(domain_offset(make_coord(first), mRows), Shape<Int<Traits::kRowsBox>>{}, make_coord(0));
   };
   auto load_step = [&](int step) {
     const int head = work.head(step), m_block = work.m_block(step);
@@ -76,10 +76,12 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
     const auto state_do = PipelineState::after<Traits::kStagesdO>(loaded + step);
     auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
     auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
-    const int64_t first = work.rows(p, step) & ~int64_t(3);
+    // In 32 bits: the launcher checked that D and LSE's elements fit (TMA coordinates are int).
+    const int first = int(work.rows(p, step)) & ~3;
     // (gmem, smem) pairs of one box each: D, and LSE at the same shift past lse_offset
     auto tdsum = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sdsum(_, state.stage), rows(first));
-    auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage), rows(bwd_lse_log2_offset(p) + first));
+    auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage),
+                              rows(int(bwd_lse_log2_offset(p)) + first));
     barrier_wait(&smem.q_empty[state.stage], state.phase ^ 1);
     if (leader) {
       uint64_t* full = &smem.q_full[state.stage];
@@ -106,6 +108,7 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
     }
   }
   if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
+#pragma unroll 1  // unrolled, its 24 registers spilled in the loop
   for (int step = 1; step < work.steps; ++step) load_step(step);
 }
 
@@ -142,6 +145,7 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
   const DQTurns<Traits::kBlockM, Traits::kBlockN> turns(p, w, kHeadDim, work.bidb, first_row, work.n_block, work.window);
   const bool issuer = cute::elect_one_sync();  // one lane: a bulk async-group belongs to its thread
   if (owed) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
+#pragma unroll 1  // unrolled, its 24 registers spilled in the loop
   for (int step = 0; step < work.steps; ++step) {
     const int head = work.head(step), m_block = work.m_block(step);
     if (turns.ordered()) {
