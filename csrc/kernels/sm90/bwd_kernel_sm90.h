@@ -70,14 +70,13 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
   auto rows = [&](int first) {  // (M + 4): elements [first, first + M + 4) of the workspace
     return local_tile(domain_offset(make_coord(first), mRows), Shape<Int<Traits::kRowsBox>>{}, make_coord(0));
   };
-  auto load_step = [&](int step) {
-    const int head = work.head(step), m_block = work.m_block(step);
+  auto load_step = [&](int step, int head, int m_block) {  // head, m_block: work.head(step), work.m_block(step)
     const auto state = PipelineState::after<kStages>(loaded + step);
     const auto state_do = PipelineState::after<Traits::kStagesdO>(loaded + step);
     auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(rows_q(mQ, head)));
     auto tdO = tma_partition(args.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(rows_q(mdO, head)));
     // In 32 bits: the launcher checked that D and LSE's elements fit (TMA coordinates are int).
-    const int first = int(work.rows(p, step)) & ~3;
+    const int first = int(work.rows(p, head, m_block)) & ~3;
     // (gmem, smem) pairs of one box each: D, and LSE at the same shift past lse_offset
     auto tdsum = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sdsum(_, state.stage), rows(first));
     auto tLSE = tma_partition(args.tma_rows, _0{}, Layout<_1>{}, sLSE(_, state.stage),
@@ -96,7 +95,7 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
       copy(args.tma_do.with(smem.do_full[state_do.stage]), get<0>(tdO)(_, m_block), get<1>(tdO)(_, state_do.stage));
     }
   };
-  load_step(0);
+  load_step(0, work.head(0), work.m_block(0));
   if (key_blocks > 0) barrier_wait(&smem.kv_empty, (key_blocks - 1) & 1);
   if (leader) {  // the wide kernels: K and V on one barrier (V on its own cost them 4%, TUNING 104-106)
     barrier_expect_tx(&smem.k_full, (Traits::kWide ? 2 : 1) * Traits::kKVBytes);
@@ -108,8 +107,14 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
     }
   }
   if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
+  // Heads inner, counted rather than divided out of the step (BwdWork::head, m_block): the division's
+  // registers spilled.
+  int head = work.head(0), m_block = work.m_block(0);
 #pragma unroll 1  // unrolled, its 24 registers spilled in the loop
-  for (int step = 1; step < work.steps; ++step) load_step(step);
+  for (int step = 1; step < work.steps; ++step) {
+    if (++head == work.h0 + work.heads) head = work.h0, --m_block;
+    load_step(step, head, m_block);
+  }
 }
 
 // Producer warp 3 of the narrow kernels, per key block: V once the loader has issued K, so that the first
@@ -222,20 +227,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // zeroed (with one block per slot, as in deterministic mode, every claim lands past the end): the loader
   // claims one after each tile's loads and publishes it (smem.slots) to the other warps, then one past the
   // last.
-  const int splits = args.head_splits;
-  const int num_slots = int(QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p)) * splits;
-  auto slot_tile = [&](int slot) -> SlotTile {
-    if (slot >= num_slots) return {slot, QueryTile{}};
+  // Every role maps slots to tiles itself, from opaque inputs: values the compiler could share between the
+  // roles would be computed before they part and held in the producer's 24 registers through its loops.
+  auto slot_tile = [&](int slot) -> SlotTile {  // slot -1: past the last
+    const int splits = opaque(args.head_splits);
+    if (slot >= int(QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p)) * splits) return {-1, QueryTile{}};
     return {slot, args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch_sm90.h)
                       ? args.causal_keys.get(p, slot / splits)
                       : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot / splits)};
+  };
+  auto work_of = [&](const SlotTile& t) {
+    const int splits = opaque(args.head_splits);
+    return BwdWork<Traits>(p, t.tile, splits, t.slot % splits);
   };
   // Calls f(work) for each of the block's tiles (empty slots skipped; dK / dV rows outside every sequence
   // are the preprocess's); the warps other than the loader receive the tiles after their first.
   auto for_each_tile = [&](auto&& f) {
     PipelineState slot_state;
-    for (SlotTile t = slot_tile(int(blockIdx.x)); t.slot < num_slots; t = smem.slots.receive(slot_state)) {
-      if (t.tile.valid) f(BwdWork<Traits>(p, t.tile, splits, t.slot % splits));
+    for (SlotTile t = slot_tile(opaque(int(blockIdx.x))); t.slot >= 0; t = smem.slots.receive(slot_state)) {
+      if (t.tile.valid) f(work_of(t));
     }
   };
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x) / 128, 0);
@@ -246,9 +256,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
     if (warp == 0) {
       const bool leader = cute::elect_one_sync();
       int loaded = 0, key_blocks = 0, published = 0;
-      for (SlotTile t = slot_tile(int(blockIdx.x)); t.slot < num_slots;) {
+      for (SlotTile t = slot_tile(opaque(int(blockIdx.x))); t.slot >= 0;) {
         if (t.tile.valid) {
-          const BwdWork<Traits> work(p, t.tile, splits, t.slot % splits);
+          const BwdWork<Traits> work = work_of(t);
           if (work.steps > 0) {
             bwd_load(args, smem, work, loaded, key_blocks++, leader);
             loaded += work.steps;

@@ -118,7 +118,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   for (int step = 0; step < steps; ++step) {
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
-    const int rows_shift = int(work.rows(p, step) & 3);  // where the block's rows start in the staged D and LSE
+    const int rows_shift = int(work.rows(p, work.head(step), m_block) & 3);  // where the block's rows start in the staged D and LSE
     // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs (plain kernels).
     // Warpgroup 1 starts once warpgroup 0 has formed its first P^T, to set the two out of phase.
     if (kDeferDQ && step == 0 && wg == 1) named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kStagger));

@@ -79,9 +79,9 @@ struct BwdWork {
   }
   __device__ int head(int step) const { return h0 + step % heads; }
   __device__ int m_block(int step) const { return blocks.m_max - 1 - step / heads; }
-  // The step's first row in the (heads, total_q) layout of D and LSE.
-  __device__ int64_t rows(const BwdParams& p, int step) const {
-    return int64_t(head(step)) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + m_block(step) * Traits::kBlockM;
+  // The first row of a step (query head, query block) in the (heads, total_q) layout of D and LSE.
+  __device__ int64_t rows(const BwdParams& p, int head, int m_block) const {
+    return int64_t(head) * p.total_q + seq.offset_q(p.seqlen_q, 1, bidb) + m_block * Traits::kBlockM;
   }
   // Where the sequence's dK (kv = 0) or dV (kv = 1) rows of kv head bidh_k start: with head splits in the
   // fp32 accumulators (rows of kHeadDim), else in the output.
