@@ -226,15 +226,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // first). Each block starts at its own index and claims the next slots from the counter the preprocess
   // zeroed (with one block per slot, as in deterministic mode, every claim lands past the end): the loader
   // claims one after each tile's loads and publishes it (smem.slots) to the other warps, then one past the
-  // last.
-  // Every role maps slots to tiles itself, from opaque inputs: values the compiler could share between the
-  // roles would be computed before they part and held in the producer's 24 registers through its loops.
+  // last. Every role maps slots to tiles itself, from opaque inputs: what the compiler could share between
+  // the roles it would compute before they part and hold in the producer's 24 registers through its loops.
+  using Slots = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>;
   auto slot_tile = [&](int slot) -> SlotTile {  // slot -1: past the last
     const int splits = opaque(args.head_splits);
-    if (slot >= int(QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p)) * splits) return {-1, QueryTile{}};
+    if (slot >= int(Slots::num_blocks(p)) * splits) return {-1, QueryTile{}};
     return {slot, args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch_sm90.h)
                       ? args.causal_keys.get(p, slot / splits)
-                      : QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::get(p, slot / splits)};
+                      : Slots::get(p, slot / splits)};
   };
   auto work_of = [&](const SlotTile& t) {
     const int splits = opaque(args.head_splits);
