@@ -118,7 +118,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   if (varlen && key0 + 64 > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   for (int step = 0; step < steps; ++step) {
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage;
-    const int rows_shift = int(work.rows(p, work.head(step), m_block) & 3);  // where the block's rows start in the staged D and LSE
+    // Where the step's rows start in the staged D and LSE.
+    const int rows_shift = int(work.rows(p, work.head(step), m_block) & 3);
     // S^T = K Q^T and dP^T = V dO^T, the softmax of S^T while dP^T runs (plain kernels).
     // Warpgroup 1 starts once warpgroup 0 has formed its first P^T, to set the two out of phase.
     if (kDeferDQ && step == 0 && wg == 1) named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kStagger));
@@ -234,7 +235,9 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     Tensor tdKrdS = make_tensor(rdS.data(), acc_as_operand_a(rdS.layout()));  // ((2, 2, 2), 1, M / 16)
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrP, tdVrdO(_, _, _, stage), acc_dv);
     const int buf = (step0 + step) % kDSBuffers;
-    if (kDeferDQ && step0 + step >= kDSBuffers) barrier_wait(&smem.ds_empty[buf], ((step0 + step) / kDSBuffers - 1) & 1);
+    if (kDeferDQ && step0 + step >= kDSBuffers) {
+      barrier_wait(&smem.ds_empty[buf], ((step0 + step) / kDSBuffers - 1) & 1);
+    }
     Tensor sdStw = local_tile(make_tensor(make_smem_ptr(smem.ds[buf].data()), typename Traits::SmemLayoutdSt{}),
                               Shape<_64, Int<kBlockM>>{}, make_coord(wg, _0{}));  // (64, M): own keys' rows of dS^T
     cute::copy(smem_copy_ds, smem_thr_ds.retile_S(rdS), smem_thr_ds.partition_D(sdStw));

@@ -111,7 +111,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   if (work.varlen && key0 + kKeys > seq.len_k) zero_rows(sKw, max(0, seq.len_k - key0), thread, 128);
   for (int step = 0; step < steps; ++step) {
     const int m_block = work.m_block(step), row0 = m_block * kBlockM, stage = state.stage, stage_do = state_do.stage;
-    const int rows_shift = int(work.rows(p, work.head(step), m_block) & 3);  // where the block's rows start in the staged D and LSE
+    // Where the step's rows start in the staged D and LSE.
+    const int rows_shift = int(work.rows(p, work.head(step), m_block) & 3);
     barrier_wait(&smem.q_full[stage], state.phase);
     Tensor acc_s = partition_fragment_C(mma_sdp, typename Traits::TileS{});   // ((2, 2, kKeys / 8), 1, 1)
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileS{});  // ((2, 2, kKeys / 8), 1, 1)
