@@ -18,9 +18,9 @@ namespace flash_attn2::sm90 {
 // Warpgroup wg (0-based among the consumers) owns keys [64 wg, 64 wg + 64) of the tile's key block.
 template <class Traits, bool kExtended, bool kDropout>
 __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                            const BwdWork<Traits>& work, int wg_, BwdConsumerState& carried) {
+                            const BwdWork<Traits>& work, int warpgroup, BwdConsumerState& carried) {
   using namespace cute;
-  const int wg = opaque(wg_);
+  const int wg = opaque(warpgroup);  // opaque (and thread below): the per-tile setup stays in the tile loop
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
@@ -28,7 +28,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   const SeqlenInfo& seq = work.seq;
   const int steps = work.steps, n_block = work.n_block;
   const bool varlen = work.varlen;
-  const int thread = opaque(int(threadIdx.x) % 128);  // opaque: the per-tile setup stays in the tile loop
+  const int thread = opaque(int(threadIdx.x) % 128);
   const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
   if (steps == 0) {  // no query sees these keys: zero dK and dV (K and V may hold the next key block's)
     if (args.head_splits == 1) {

@@ -19,9 +19,9 @@ namespace flash_attn2::sm90 {
 // kDropout (with kExtended): dropout's keep bits drawn while S and dP run.
 template <class Traits, bool kExtended, bool kDropout>
 __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
-                                 const BwdWork<Traits>& work, int wg_, BwdConsumerState& carried) {
+                                 const BwdWork<Traits>& work, int warpgroup, BwdConsumerState& carried) {
   using namespace cute;
-  const int wg = opaque(wg_);
+  const int wg = opaque(warpgroup);  // opaque (and thread below): the per-tile setup stays in the tile loop
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages, kKeys = Traits::kKeys, kDRows = Traits::kDRows;
@@ -29,7 +29,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   const BwdParams& p = args.params;
   const SeqlenInfo& seq = work.seq;
   const int steps = work.steps, n_block = work.n_block;
-  const int thread = opaque(int(threadIdx.x) % 128);  // opaque: the per-tile setup stays in the tile loop
+  const int thread = opaque(int(threadIdx.x) % 128);
   if (steps == 0) {  // no query sees these keys: zero dK and dV (K and V may hold the next key block's)
     if (args.head_splits == 1) {
       const int first_key = n_block * kBlockN;
