@@ -106,7 +106,7 @@ __device__ void bwd_load(const BwdArgsSm90<Traits>& args, typename Traits::Share
                      &smem.k_full, p, work);
     }
   }
-  if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterQ));
+  if constexpr (!Traits::kWide) named_barrier_arrive(64, int(BwdBarrier::kVAfterK));
   // Heads inner, counted rather than divided out of the step (BwdWork::head, m_block): the division's
   // registers spilled.
   int head = work.head(0), m_block = work.m_block(0);
@@ -124,7 +124,7 @@ template <class Traits>
 __device__ void bwd_load_v(const BwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                            const BwdWork<Traits>& work) {
   using namespace cute;
-  named_barrier_sync(64, int(BwdBarrier::kVAfterQ));  // after the loader's kv_empty wait
+  named_barrier_sync(64, int(BwdBarrier::kVAfterK));  // after the loader's kv_empty wait
   if (cute::elect_one_sync()) {
     barrier_expect_tx(&smem.v_full, Traits::kKVBytes);
     load_key_block(args.tma_v, make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{}),
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
       }
     });
     if constexpr (!Traits::kWide) {
-      static_assert(kGroups == 2 && int(BwdBarrier::kdQEmpty0) + kGroups == int(BwdBarrier::kVAfterQ));
+      static_assert(kGroups == 2 && int(BwdBarrier::kdQEmpty0) + kGroups == int(BwdBarrier::kVAfterK));
       if (warp == 3) {
         for_each_tile([&](const BwdWork<Traits>& work) {
           if (work.steps > 0) bwd_load_v(args, smem, work);

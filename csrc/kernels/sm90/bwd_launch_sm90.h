@@ -30,7 +30,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   int head_splits = 1;
   if (cudaError_t err = bwd_head_splits(p, &head_splits)) return err;
   const int64_t num_blocks = key_blocks * head_splits;
-  if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
+  if (num_blocks > INT_MAX / 2) return cudaErrorInvalidValue;  // the blocks' last claims run past it by a grid
   auto kernel = &bwd_kernel_sm90<Traits, kExtended, kDropout>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);

@@ -91,7 +91,7 @@ struct BwdLoadTraitsSm90 {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
     alignas(128) float lse_log2[kStages][kRowsStride];  // per query row of the Q stage
     alignas(128) float dsum[kStages][kRowsStride];
-    uint64_t k_full, v_full;  // the wide kernels' K and V both on k_full; the narrow ones' V after the first Q
+    uint64_t k_full, v_full;  // the wide kernels' K and V both on k_full; the narrow ones' V after K (warp 3)
     uint64_t kv_empty;        // every consumer thread: done with K and V, the next key block may come
     uint64_t q_full[kStages], q_empty[kStages], do_full[kStagesdO], do_empty[kStagesdO];
   };

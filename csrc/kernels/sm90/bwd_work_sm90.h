@@ -24,7 +24,7 @@ namespace flash_attn2::sm90 {
 // consumer thread, after the last step) reuses kTail's.
 enum class BwdBarrier : int {
   kdSWritten = 0, kStagger = 0, kTail = 1, kPdSFree = 1, kEpilogue = 1, kdQFull0 = 2, kdQEmpty0 = 5,
-  kVAfterQ = 7  // the narrow kernels only: their two dQ writers leave it free
+  kVAfterK = 7  // the narrow kernels only: their two dQ writers leave it free
 };
 constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
 

@@ -1,6 +1,7 @@
-// Which tile slots (common/tile_scheduler.h) a Hopper forward block computes, and how its producer warp
-// tells its consumer warpgroups: all know the block's first slot; the producer walks on and publishes each
-// next slot (then one past the last) with its tile in a small shared-memory ring.
+// Which tile slots (common/tile_scheduler.h) a persistent Hopper block computes, and how its producer warp
+// tells the other warps: all know the block's first slot; the producer walks on and publishes each next slot
+// (then one past the last) with its tile in a small shared-memory ring. The forward walks with SlotWalk; the
+// backward claims its slots itself (bwd_kernel_sm90.h) and shares the ring.
 #pragma once
 
 #include <cstring>
