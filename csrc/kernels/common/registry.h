@@ -64,11 +64,14 @@ inline bool fwd_extended(const FwdParams& p) {
 inline bool bwd_extended(const FwdParams& p) {
   return p.softcap > 0.f || p.alibi_slopes != nullptr || p.dropout_p > 0.f;
 }
-inline cudaError_t device_l2_bytes(int* bytes) {
+// The current device's attribute (the launchers' SM count, L2 size).
+inline cudaError_t device_attribute(cudaDeviceAttr attr, int* value) {
   int device = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
-  return cudaDeviceGetAttribute(bytes, cudaDevAttrL2CacheSize, device);
+  return cudaDeviceGetAttribute(value, attr, device);
 }
+inline cudaError_t device_l2_bytes(int* bytes) { return device_attribute(cudaDevAttrL2CacheSize, bytes); }
+inline cudaError_t device_sm_count(int* sms) { return device_attribute(cudaDevAttrMultiProcessorCount, sms); }
 // The backward's bytes per query row and head that key blocks running together share through L2: Q and dO in
 // 16 bits, the dQ accumulator in fp32.
 inline int64_t bwd_row_bytes(int head_dim) { return int64_t(8) * head_dim; }
@@ -76,10 +79,9 @@ inline cudaError_t bwd_head_splits(const BwdParams& p, int* splits) {
   *splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
   if (group == 1 || p.num_splits > 0) return cudaSuccess;
-  int device = 0, num_sms = 0, l2_bytes = 0;
-  if (cudaError_t err = cudaGetDevice(&device)) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device)) return err;
+  int num_sms = 0, l2_bytes = 0;
+  if (cudaError_t err = device_sm_count(&num_sms)) return err;
+  if (cudaError_t err = device_l2_bytes(&l2_bytes)) return err;
   constexpr int kKeys = kBwdBlockNSm90;
   const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kKeys + p.batch  // the varlen slots
                                                      : int64_t(p.batch) * ((p.seqlen_k + kKeys - 1) / kKeys);

@@ -87,9 +87,8 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
   // per slot: its dQ turns wait only for lower-numbered blocks, which start first (dq_turns.h).
   int grid = int(num_blocks);
   if (p.num_splits == 0) {
-    int device = 0, num_sms = 0;
-    if (cudaError_t err = cudaGetDevice(&device)) return err;
-    if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
+    int num_sms = 0;
+    if (cudaError_t err = device_sm_count(&num_sms)) return err;
     grid = int(std::min<int64_t>(num_blocks, num_sms));
   }
   if (cudaError_t err = launch_after(kernel, dim3(unsigned(grid)), dim3(Traits::kNThreads), Traits::kSmemBytes,

@@ -70,9 +70,8 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, FwdKernels kind, cudaStre
   const bool persistent = !varlen && !(p.causal && p.seqlen_q > causal_max);
   int grid = int(num_blocks);
   if (persistent) {
-    int device = 0, num_sms = 0;
-    if (cudaError_t err = cudaGetDevice(&device)) return err;
-    if (cudaError_t err = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device)) return err;
+    int num_sms = 0;
+    if (cudaError_t err = device_sm_count(&num_sms)) return err;
     grid = num_blocks < num_sms ? int(num_blocks) : num_sms;
   }
   args.causal_order = persistent && p.causal && grid < num_blocks;
