@@ -30,13 +30,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   const bool varlen = work.varlen;
   const int thread = opaque(int(threadIdx.x) % 128);
   const int key0 = n_block * kBlockN + wg * 64;  // this warpgroup's first key
-  if (steps == 0) {  // no query sees these keys: zero dK and dV (K and V may hold the next key block's)
-    if (args.head_splits == 1) {
-      clear_rows<64>(work.template dkv_out<Element>(p, 0) + int64_t(key0) * p.dk_row_stride, p.dk_row_stride,
-                     seq.len_k - key0, p.head_dim, thread, 128);
-      clear_rows<64>(work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride,
-                     seq.len_k - key0, p.head_dim, thread, 128);
-    }
+  if (steps == 0) {  // no query sees these keys
+    work.template clear_dkv<64, Element>(p, key0, args.head_splits, thread, 128);
     return;
   }
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});      // (M, D, stages)

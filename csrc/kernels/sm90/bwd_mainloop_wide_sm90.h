@@ -30,14 +30,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   const SeqlenInfo& seq = work.seq;
   const int steps = work.steps, n_block = work.n_block;
   const int thread = opaque(int(threadIdx.x) % 128);
-  if (steps == 0) {  // no query sees these keys: zero dK and dV (K and V may hold the next key block's)
-    if (args.head_splits == 1) {
-      const int first_key = n_block * kBlockN;
-      clear_rows<kBlockN>(work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride,
-                          seq.len_k - first_key, p.head_dim, wg * 128 + thread, kThreads);
-      clear_rows<kBlockN>(work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride,
-                          seq.len_k - first_key, p.head_dim, wg * 128 + thread, kThreads);
-    }
+  if (steps == 0) {  // no query sees these keys
+    work.template clear_dkv<kBlockN, Element>(p, n_block * kBlockN, args.head_splits, wg * 128 + thread, kThreads);
     return;
   }
 

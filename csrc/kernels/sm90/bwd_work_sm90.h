@@ -93,6 +93,17 @@ struct BwdWork {
     return kv == 0 ? static_cast<Element*>(p.dk) + seq.offset_k(p.dk_batch_stride, p.dk_row_stride, bidb) + bidh_k * p.dk_head_stride
                    : static_cast<Element*>(p.dv) + seq.offset_k(p.dv_batch_stride, p.dv_row_stride, bidb) + bidh_k * p.dv_head_stride;
   }
+  // A key block no query sees: its dK and dV rows [first_key, first_key + kRows) to zero, straight to global
+  // memory (K and V's shared memory may already hold the next key block's); with head splits the preprocess's
+  // zeroed accumulators stand.
+  template <int kRows, typename Element>
+  __device__ void clear_dkv(const BwdParams& p, int first_key, int head_splits, int thread, int threads) const {
+    if (head_splits > 1) return;
+    clear_rows<kRows>(dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride,
+                      seq.len_k - first_key, p.head_dim, thread, threads);
+    clear_rows<kRows>(dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride,
+                      seq.len_k - first_key, p.head_dim, thread, threads);
+  }
 };
 
 }  // namespace flash_attn2::sm90
