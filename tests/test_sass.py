@@ -1,6 +1,7 @@
 """The Hopper forward kernels run on wgmma: the built library's disassembly shows HGMMA in every one of
-them and no mma.sync (HMMA), so a silent fall-back to the SM80 instructions cannot pass. Needs a build for
-sm_90a and cuobjdump (CUDA_HOME/bin or PATH); no GPU."""
+them and no mma.sync (HMMA), so a silent fall-back to the SM80 instructions cannot pass; and the plain kernels
+keep their spills within a budget. Needs a build for sm_90a and cuobjdump (PATH, CUDA_HOME/bin, or the
+nvidia-cuda-cuobjdump wheel); no GPU."""
 
 import os
 import re
@@ -18,18 +19,28 @@ def _cuobjdump():
     found = shutil.which("cuobjdump")
     if found:
         return found
-    candidate = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")
-    return candidate if os.path.isfile(candidate) else None
+    candidates = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
+    try:  # the nvidia-cuda-cuobjdump wheel (CI installs it)
+        import nvidia
+        candidates += [os.path.join(path, "cu13", "bin", "cuobjdump") for path in nvidia.__path__]
+    except ImportError:
+        pass
+    return next((c for c in candidates if os.access(c, os.X_OK)), None)
 
 
-def _hopper_kernels(kernel_name):
-    """{name: SASS} of the built library's kernels called kernel_name."""
+def _dump(what):
+    """cuobjdump's --dump-<what> of the built library (skips unless it holds sm_90a code and cuobjdump is found)."""
     if "sm_90a" not in _ops.ext.built_archs.split(";"):
         pytest.skip(f"built for {_ops.ext.built_archs}, not sm_90a")
     tool = _cuobjdump()
     if tool is None:
-        pytest.skip("cuobjdump not found (CUDA_HOME/bin or PATH)")
-    sass = subprocess.run([tool, "--dump-sass", _ops.ext.__file__], capture_output=True, text=True, check=True).stdout
+        pytest.skip("cuobjdump not found (PATH, CUDA_HOME/bin or the nvidia-cuda-cuobjdump wheel)")
+    return subprocess.run([tool, f"--dump-{what}", _ops.ext.__file__], capture_output=True, text=True, check=True).stdout
+
+
+def _hopper_kernels(kernel_name):
+    """{name: SASS} of the built library's kernels called kernel_name."""
+    sass = _dump("sass")
     kernels = {}
     for chunk in re.split(r"\n\s*Function : ", sass)[1:]:
         name, _, body = chunk.partition("\n")
@@ -74,3 +85,28 @@ def test_hopper_backward_kernels_use_wgmma():
     dims = {(dtype, bwd_sm90_kernel_dim(d)) for dtype, d in _compiled_head_dims()}
     _check_wgmma(_hopper_kernels("bwd_kernel_sm90"), dims, "backward",
                  extra=sum(d in PLAIN_ALIBI_HEAD_DIMS for _, d in dims))
+
+
+# The plain kernels' (no softcap, ALiBi or dropout) stack frames, where ptxas puts spilled registers: bytes by
+# head dim (None: the others), the largest measured (local ptxas, bf16) with slack. Measured: the forward 0 B but
+# d 224 8, d 256 32; the backward 24-40 B but d 64 128 (168 in ALiBi's plain kernel). A change to a helper the
+# forward shares (the SlotRing's receive, step 108) grew the d 256 forward's frame from 32 to 136 B and cost it
+# 10-15% while every test passed (TUNING 110).
+PLAIN_STACK_BUDGET = {"fwd_kernel_sm90": {None: 64}, "bwd_kernel_sm90": {None: 64, 64: 192}}
+
+
+@pytest.mark.parametrize("kernel_name", sorted(PLAIN_STACK_BUDGET))
+def test_hopper_plain_kernels_stack(kernel_name):
+    usage = _dump("resource-usage")
+    budget = PLAIN_STACK_BUDGET[kernel_name]
+    over, plain = {}, 0
+    for m in re.finditer(r"Function (\S+):\s*\n\s*REG:\d+ STACK:(\d+)", usage):
+        name, stack = m.group(1), int(m.group(2))
+        if f"{len(kernel_name)}{kernel_name}I" not in name or not re.search(r"ELb0ELb0EEEvNS_11\w+ArgsSm90", name):
+            continue
+        plain += 1
+        head_dim = int(re.search(r"Sm90(?:Wide)?ILi(\d+)E", name).group(1))
+        if stack > budget.get(head_dim, budget[None]):
+            over[name] = stack
+    assert plain, f"no plain {kernel_name} in the resource usage"
+    assert not over, f"stack frames (spills) over their budget {budget}: {over}"
