@@ -1,7 +1,7 @@
 """The Hopper forward kernels run on wgmma: the built library's disassembly shows HGMMA in every one of
 them and no mma.sync (HMMA), so a silent fall-back to the SM80 instructions cannot pass; and the plain kernels
-keep their spills within a budget. Needs a build for sm_90a and cuobjdump (PATH, CUDA_HOME/bin, or the
-nvidia-cuda-cuobjdump wheel); no GPU."""
+keep their spills within a budget. Needs a build for sm_90a and cuobjdump with nvdisasm beside it or on PATH
+(CUDA_HOME/bin, or the nvidia-cuda-cuobjdump and -nvdisasm wheels); no GPU."""
 
 import os
 import re
@@ -20,7 +20,7 @@ def _cuobjdump():
     if found:
         return found
     candidates = [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
-    try:  # the nvidia-cuda-cuobjdump wheel (CI installs it)
+    try:  # the nvidia-cuda-cuobjdump wheel (CI installs it with nvidia-cuda-nvdisasm)
         import nvidia
         candidates += [os.path.join(path, "cu13", "bin", "cuobjdump") for path in nvidia.__path__]
     except ImportError:
@@ -35,7 +35,9 @@ def _dump(what):
     tool = _cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not found (PATH, CUDA_HOME/bin or the nvidia-cuda-cuobjdump wheel)")
-    return subprocess.run([tool, f"--dump-{what}", _ops.ext.__file__], capture_output=True, text=True, check=True).stdout
+    env = dict(os.environ, PATH=os.pathsep.join([os.path.dirname(tool), os.environ.get("PATH", "")]))  # its nvdisasm
+    return subprocess.run([tool, f"--dump-{what}", _ops.ext.__file__], capture_output=True, text=True, check=True,
+                          env=env).stdout
 
 
 def _hopper_kernels(kernel_name):
