@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
         // tile would hold it while others ran dry at the end.
         const int claimed = threadIdx.x % 32 == 0 ? atomicAdd(args.tile_counter, 1) : 0;
         t = slot_tile(int(gridDim.x) + __shfl_sync(0xffffffffu, claimed, 0));
-        PipelineState slot_state = PipelineState::after<2>(published++);
+        PipelineState slot_state = smem.slots.position(published++);
         smem.slots.publish(t, slot_state, leader);
       }
     }

@@ -74,6 +74,9 @@ struct SlotRing {
     }
   }
 
+  // Where the n-th entry goes: for a producer that counts its entries instead of carrying a state.
+  __device__ static PipelineState position(int n) { return PipelineState::after<kStages>(n); }
+
   // CUTLASS's barrier asm has no memory clobber: the compiler fences keep the entry's stores and loads
   // between the wait (acquire) and the arrive (release).
   __device__ void publish(const SlotTile& value, PipelineState& state, bool leader) {
