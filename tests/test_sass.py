@@ -3,6 +3,7 @@ them and no mma.sync (HMMA), so a silent fall-back to the SM80 instructions cann
 keep their spills within a budget. Needs a build for sm_90a and cuobjdump with nvdisasm beside it or on PATH
 (CUDA_HOME/bin, or the nvidia-cuda-cuobjdump and -nvdisasm wheels); no GPU."""
 
+import functools
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ def _cuobjdump():
     return next((c for c in candidates if os.access(c, os.X_OK)), None)
 
 
+@functools.lru_cache(maxsize=1)  # the tests ask for each dump twice in a row (forward, backward)
 def _dump(what):
     """cuobjdump's --dump-<what> of the built library (skips unless it holds sm_90a code and cuobjdump is found)."""
     if "sm_90a" not in _ops.ext.built_archs.split(";"):
