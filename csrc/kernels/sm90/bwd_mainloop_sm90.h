@@ -3,8 +3,9 @@
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
 //   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it); with
 //   64-row steps one step later, so that the two warpgroups need not meet every step (Traits::kDeferDQ).
-// After the last step dK and dV go through the warpgroup's own rows of K and V in shared memory, for
-// coalesced row stores; then kv_empty lets the next key block's K and V in.
+// After the last step dK and dV go through shared memory for coalesced row stores: at d <= 64 through the
+// next step's dS^T buffer, with the next key block's K and V already loading; else through the
+// warpgroup's own rows of K and V, after which kv_empty lets those in.
 #pragma once
 
 #include "sm90/bwd_work_sm90.h"
@@ -291,25 +292,44 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     return;
   }
   // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row
-  // stores: each warpgroup stages its keys in its own rows of K and V, once every warpgroup's last
-  // dQ = dS K (which reads all of K) is done.
+  // stores, each warpgroup its own keys. Traits::kDKVInDS: in the warpgroup's half of the dS^T buffer the
+  // next step takes, which no dQ reads any more (the last was two steps back, before the last kdSWritten),
+  // and K and V go at once, so that the next key block's loads overlap this epilogue. Else in the
+  // warpgroup's own rows of K and V, once every warpgroup's last dQ = dS K (which reads all of K) is done.
   CUTE_UNROLL
   for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
   Tensor rdK = convert_fragment<Element>(acc_dk);
   Tensor rdV = convert_fragment<Element>(acc_dv);
   auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto smem_thr_kv = smem_copy_kv.get_thread_slice(thread);
-  named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
-  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdK), smem_thr_kv.partition_D(sKw));
-  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdV), smem_thr_kv.partition_D(sVw));
+  auto [sdK, sdV] = [&] {  // (64, D) each: where dK and dV stage
+    if constexpr (Traits::kDKVInDS) {
+      barrier_arrive(&smem.kv_empty);  // the last dQ = dS K is done with K (finish_dq waited for it)
+      Element* half = smem.ds[(step0 + steps) % kDSBuffers].data() + wg * 64 * kBlockM;
+      auto own = [&](Element* at, auto layout) {  // (64, D) at `at`, laid out as a warpgroup's rows of K or V
+        return local_tile(make_tensor(make_smem_ptr(at), layout), typename Traits::TileKVWarpgroup{}, make_coord(0, 0));
+      };
+      return cute::make_tuple(own(half, typename Traits::SmemLayoutK{}), own(half + 64 * kHeadDim, typename Traits::SmemLayoutV{}));
+    } else {
+      named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
+      return cute::make_tuple(sKw, sVw);
+    }
+  }();
+  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdK), smem_thr_kv.partition_D(sdK));
+  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdV), smem_thr_kv.partition_D(sdV));
   named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
   const int rows = seq.len_k - key0;
-  store_rows(sKw, work.template dkv_out<Element>(p, 0) + int64_t(key0) * p.dk_row_stride, p.dk_row_stride, rows,
+  store_rows(sdK, work.template dkv_out<Element>(p, 0) + int64_t(key0) * p.dk_row_stride, p.dk_row_stride, rows,
              p.head_dim, thread, 128);
-  store_rows(sVw, work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride, rows,
+  store_rows(sdV, work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride, rows,
              p.head_dim, thread, 128);
-  cutlass::arch::fence_view_async_shared();  // the reads above before the next key block's TMA writes
-  barrier_arrive(&smem.kv_empty);
+  if constexpr (Traits::kDKVInDS) {
+    // Every warp's reads above before the next tile's first dS^T writes, which map warps to other rows.
+    named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
+  } else {
+    cutlass::arch::fence_view_async_shared();  // the reads above before the next key block's TMA writes
+    barrier_arrive(&smem.kv_empty);
+  }
 }
 
 }  // namespace flash_attn2::sm90

@@ -130,6 +130,10 @@ struct BwdTraitsSm90
   // warpgroups meeting at kdSWritten (two buffers, by step parity).
   static constexpr bool kDeferDQ = kBlockM == 64;
   static constexpr int kDSBuffers = kDeferDQ ? 3 : 2;
+  // 128-row steps at d <= 64: a warpgroup's dK and dV (64 x D each) fit its keys' half of a dS^T buffer (64 x
+  // kBlockM, one contiguous block: dS's atoms tile M first), where the epilogue stages them instead of in K
+  // and V, so that the next key block's K and V load while it runs (bwd_mainloop_sm90.h).
+  static constexpr bool kDKVInDS = !kDeferDQ && 2 * kHeadDim <= kBlockM;
 
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
   using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
