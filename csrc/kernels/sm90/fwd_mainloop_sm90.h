@@ -131,7 +131,7 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
                  bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
   float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
   // Not clear_rows: its runtime row width (a division in the loop) made ptxas lay out the whole plain kernel
-  // otherwise, and the d 64 forward ran 2-3% slower (TUNING 114).
+  // otherwise, and the d 64 forward ran 1-3% slower (TUNING 114).
   for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
     const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
     if (row < rows_left && col < p.head_dim) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
