@@ -219,7 +219,7 @@ cudaError_t no_kernel(const FwdParams& p, const char* direction) {
 
 // The dQ accumulator's size (and dK / dV's after it) when the backward runs on the Hopper path (on_sm90) or
 // the SM80 one.
-int64_t dq_accum_elems(const BwdParams& p, int bucket, bool on_sm90) {
+int64_t dq_accum_elems(const BwdParams& p, int bucket, bool on_sm90, int head_splits) {
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   // Deterministic mode's split accumulators only where the SM80 backward will run them.
   const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
@@ -230,8 +230,6 @@ int64_t dq_accum_elems(const BwdParams& p, int bucket, bool on_sm90) {
     sm90 += (kMaxDQWriters * p.num_heads * bwd_dq_turn_slots(p, 64) + 3) / 4 * 4;  // zeroed as float4s
   }
   // Then, with head splits, dK and dV (bwd_dkv_accum_offset), in the row width of whichever path runs.
-  int head_splits = 1;
-  if (bwd_head_splits(p, &head_splits) != cudaSuccess) head_splits = 1;  // the launch meets the error and says it
   if (head_splits == 1) return std::max(sm80, sm90);
   return std::max({sm80, sm90, bwd_dkv_accum_offset(p, bucket, 2, 0, 0), bwd_dkv_accum_offset(p, width, 2, 0, 0)});
 }
@@ -282,7 +280,9 @@ int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   std::string backend;
   const bool on_sm90 = bucket > 0 && requested_backend(&backend) && bwd_on_sm90(kernels(bucket, p.dtype), p, backend);
-  return dq_accum_elems(p, bucket, on_sm90);
+  int head_splits = 1;
+  if (bwd_head_splits(p, &head_splits) != cudaSuccess) head_splits = 1;  // run_bwd meets the error and says it
+  return dq_accum_elems(p, bucket, on_sm90, head_splits);
 }
 
 cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
@@ -308,10 +308,14 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!requested_backend(&backend)) return cudaErrorInvalidValue;
   const Kernels& k = kernels(bucket, p.dtype);
   if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(k, p, backend, &err)) == nullptr) return err;
+  int head_splits = 1;
+  if (bwd != nullptr && (err = bwd_head_splits(p, &head_splits)) != cudaSuccess) {
+    return fail(err, cudaGetErrorString(err));
+  }
   // The accumulator the picked kernel adds into (as bwd_dq_accum_elems sized it), zeroed by the preprocess.
-  const int64_t accum_elems = bwd == nullptr ? 0 : dq_accum_elems(p, bucket, bwd == k.bwd_sm90);
+  const int64_t accum_elems = bwd == nullptr ? 0 : dq_accum_elems(p, bucket, bwd == k.bwd_sm90, head_splits);
   if ((err = launch_bwd_preprocess(p, accum_elems, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
-  if (bwd != nullptr && (err = bwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  if (bwd != nullptr && (err = bwd(p, head_splits, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

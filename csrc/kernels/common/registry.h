@@ -15,7 +15,8 @@
 namespace flash_attn2 {
 
 using FwdLauncher = cudaError_t (*)(const FwdParams&, cudaStream_t);
-using BwdLauncher = cudaError_t (*)(const BwdParams&, cudaStream_t);
+// head_splits: bwd_head_splits' count, which run_bwd computes once and sizes the accumulators with.
+using BwdLauncher = cudaError_t (*)(const BwdParams&, int head_splits, cudaStream_t);
 
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
@@ -23,7 +24,7 @@ cudaError_t launch_fwd(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream);
+cudaError_t launch_bwd(const BwdParams& params, int head_splits, cudaStream_t stream);
 // The Hopper backward (sm_90a), csrc/kernels/sm90/bwd_launch_sm90.h: built with the Hopper forward, for
 // these head dims (_build_config.BWD_SM90_HEAD_DIMS); deterministic mode orders its dQ adds (dq_turns.h).
 constexpr bool has_bwd_sm90(int head_dim) {
@@ -36,7 +37,7 @@ constexpr int bwd_sm90_kernel_dim(int bucket) {
   return has_bwd_sm90(bucket) ? bucket : bucket == 160 ? 192 : bucket == 224 ? 256 : 0;
 }
 template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd_sm90(const BwdParams& params, cudaStream_t stream);
+cudaError_t launch_bwd_sm90(const BwdParams& params, int head_splits, cudaStream_t stream);
 
 // The backward's blocks per (key block, kv head), on either path: a GQA group's query heads split over up to
 // 8 blocks (power-of-two divisors of the group) while the grid, counted in 128-key blocks, has fewer than

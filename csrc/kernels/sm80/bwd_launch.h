@@ -12,7 +12,7 @@ namespace flash_attn2 {
 
 // kDropout: the dropout kernel alone (its own tile); else the plain and extended ones.
 template <class Traits, bool kDropout = false>
-cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
+cudaError_t launch_bwd_tile(const BwdParams& params, int head_splits, cudaStream_t stream) {
   auto kernel = [&] {
     if constexpr (kDropout) {
       return &bwd_kernel<Traits, true, true>;
@@ -22,8 +22,6 @@ cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
   }();
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes)) return err;
-  int head_splits = 1;
-  if (cudaError_t err = bwd_head_splits(params, &head_splits)) return err;
   const int64_t num_blocks =
       int64_t(bwd_num_splits<Traits::kBlockN>(params)) * params.num_heads_k * params.batch * head_splits;
   if (num_blocks == 0) return cudaSuccess;
@@ -45,7 +43,7 @@ cudaError_t launch_bwd_tile(const BwdParams& params, cudaStream_t stream) {
 // The full tile where the GPU's shared memory per block holds it, else the compact one (one Q / dO
 // buffer) where that fits (FLASH_ATTN2_COMPACT_TILES builds).
 template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
+cudaError_t launch_bwd(const BwdParams& params, int head_splits, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   using Full = BwdTraits<kHeadDim, Element, BwdTileFor<kHeadDim>>;
   using Dropout = BwdTraits<kHeadDim, Element, BwdDropoutTileFor<kHeadDim>>;
@@ -55,13 +53,15 @@ cudaError_t launch_bwd(const BwdParams& params, cudaStream_t stream) {
   if (cudaError_t err = tile_smem_limit(&limit)) return err;
   if ((dropout ? Dropout::kSmemBytes : Full::kSmemBytes) > limit) {
     using Compact = BwdTraits<kHeadDim, Element, BwdCompactTileFor<kHeadDim>>;
-    return dropout ? launch_bwd_tile<Compact, true>(params, stream) : launch_bwd_tile<Compact>(params, stream);
+    return dropout ? launch_bwd_tile<Compact, true>(params, head_splits, stream)
+                   : launch_bwd_tile<Compact>(params, head_splits, stream);
   }
 #endif
-  return dropout ? launch_bwd_tile<Dropout, true>(params, stream) : launch_bwd_tile<Full>(params, stream);
+  return dropout ? launch_bwd_tile<Dropout, true>(params, head_splits, stream)
+                 : launch_bwd_tile<Full>(params, head_splits, stream);
 }
 
 }  // namespace flash_attn2
 
 #define FLASH_ATTN2_INSTANTIATE_BWD(HEAD_DIM, DTYPE) \
-  template cudaError_t flash_attn2::launch_bwd<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, cudaStream_t);
+  template cudaError_t flash_attn2::launch_bwd<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, int, cudaStream_t);

@@ -23,12 +23,10 @@ typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
 }
 
 template <class Traits, bool kExtended, bool kDropout = false>
-cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStream_t stream) {
   constexpr int kHeadDim = Traits::kHeadDim;
   const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
   if (key_blocks == 0) return cudaSuccess;
-  int head_splits = 1;
-  if (cudaError_t err = bwd_head_splits(p, &head_splits)) return err;
   const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX / 2) return cudaErrorInvalidValue;  // the blocks' last claims run past it by a grid
   auto kernel = &bwd_kernel_sm90<Traits, kExtended, kDropout>;
@@ -105,22 +103,22 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, cudaStream_t stream) {
 // pipeline forms P^T while dP^T runs. So ALiBi alone, which changes P but not dS = P (dP - D), gets a fourth
 // kernel at d 64 and 128: the plain one with the bias added to S^T, 9-16% faster (TUNING 74-75).
 template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd_sm90(const BwdParams& p, cudaStream_t stream) {
+cudaError_t launch_bwd_sm90(const BwdParams& p, int head_splits, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
   using Traits = BwdTraitsSm90For<kHeadDim, Element>;
   using TraitsExtended = std::conditional_t<kHeadDim == 64, BwdTraitsSm90<64, Element, 64>, Traits>;
-  if (p.dropout_p > 0.f) return launch_bwd_sm90_traits<TraitsExtended, true, true>(p, stream);
+  if (p.dropout_p > 0.f) return launch_bwd_sm90_traits<TraitsExtended, true, true>(p, head_splits, stream);
   if constexpr (kHeadDim == 64 || kHeadDim == 128) {
     if (p.alibi_slopes != nullptr && p.softcap == 0.f) {
       using TraitsAlibi = BwdTraitsSm90<kHeadDim, Element, Traits::kBlockM, /*kPlainAlibi=*/true>;
-      return launch_bwd_sm90_traits<TraitsAlibi, false>(p, stream);
+      return launch_bwd_sm90_traits<TraitsAlibi, false>(p, head_splits, stream);
     }
   }
-  return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, stream)
-                         : launch_bwd_sm90_traits<Traits, false>(p, stream);
+  return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, head_splits, stream)
+                         : launch_bwd_sm90_traits<Traits, false>(p, head_splits, stream);
 }
 
 }  // namespace flash_attn2
 
 #define FLASH_ATTN2_INSTANTIATE_BWD_SM90(HEAD_DIM, DTYPE) \
-  template cudaError_t flash_attn2::launch_bwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, cudaStream_t);
+  template cudaError_t flash_attn2::launch_bwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, int, cudaStream_t);
