@@ -1,3 +1,6 @@
+import os
+import zlib
+
 import pytest
 import torch
 
@@ -15,5 +18,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _fresh_seed(request):
-    # Fresh random inputs per test, reproducible from the test id.
-    torch.manual_seed(hash(request.node.nodeid) % (2**31))
+    # Fresh random inputs per test, the same in every run from the test id (str hash() differs per process: a
+    # tolerance failure on one draw could not be rerun). FLASH_ATTN2_TEST_SEED=N draws a different set.
+    salt = os.environ.get("FLASH_ATTN2_TEST_SEED", "0")
+    torch.manual_seed(zlib.crc32(f"{salt}:{request.node.nodeid}".encode()))
