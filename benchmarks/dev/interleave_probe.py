@@ -3,9 +3,14 @@ backward when each run follows, back to back on the stream, one run of a filler,
 only (CUDA events around ours). Fillers: none; cuDNN's backward (the suite's case); a bf16 matmul of about the same
 time (power and clocks, no attention state); a sleep of that time (an idle GPU cools); a 1 GB copy (the L2 flushed,
 DRAM busy, low tensor-core power). Llama-3-8B 8k (no splits) as the control. CASES="h,h_kv ..." (b 4, s 8192, d 128).
+cuDNN's backward is timed after the same fillers, and nvidia-smi's SM clock and power (50 ms samples) are averaged
+over each timing, so that a clock effect shows as both sides moving together.
 """
 import os
 import statistics
+import subprocess
+import threading
+import time
 
 import torch
 import torch.nn.functional as F
@@ -15,18 +20,43 @@ from flash_attn2 import flash_attn_func
 from flash_attn2.benchmark import warm_up_gpu
 
 
-def ours_after(filler, ours, reps=20, warmup=3):
+def time_after(filler, timed, reps=20, warmup=3):
+    """timed()'s median time over reps, each run right after one filler()."""
     for _ in range(warmup):
         filler()
-        ours()
+        timed()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for start, end in events:
         filler()
         start.record()
-        ours()
+        timed()
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+SAMPLES = []  # (time, SM MHz, W)
+
+
+def sample_clocks():
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    for line in smi.stdout:
+        mhz, watts = (float(x) for x in line.split(","))
+        SAMPLES.append((time.time(), mhz, watts))
+
+
+def clocks_during(fn):
+    """fn()'s result, with the mean SM clock and power over its run (the fillers' included)."""
+    t0 = time.time()
+    result = fn()
+    window = [(m, w) for t, m, w in SAMPLES if t0 <= t <= time.time()]
+    if not window:
+        return result, float("nan"), float("nan")
+    return result, statistics.mean(m for m, _ in window), statistics.mean(w for _, w in window)
+
+
+threading.Thread(target=sample_clocks, daemon=True).start()
 
 
 def kernel_ms(fn, reps=10):
@@ -76,7 +106,10 @@ for case in os.environ.get("CASES", "28,4 32,8").split():
     for rnd in range(2):  # two rounds, the fillers' order reversed in the second
         names = list(fillers) if rnd == 0 else list(fillers)[::-1]
         for name in names:
-            print(f"h {h}:{h_kv} round {rnd}: ours after {name:16s} {ours_after(fillers[name], ours):.3f} ms "
-                  f"(cuDNN bwd alone {target:.3f} ms)", flush=True)
+            t_ours, mhz_ours, w_ours = clocks_during(lambda: time_after(fillers[name], ours))
+            t_cudnn, mhz_cudnn, w_cudnn = clocks_during(lambda: time_after(fillers[name], cudnn))
+            print(f"h {h}:{h_kv} round {rnd} after {name:16s}: ours {t_ours:.3f} ms ({mhz_ours:.0f} MHz, {w_ours:.0f} W)"
+                  f" cuDNN {t_cudnn:.3f} ms ({mhz_cudnn:.0f} MHz, {w_cudnn:.0f} W) ours/cuDNN time {t_ours / t_cudnn:.3f}",
+                  flush=True)
     del q, k, v, do, out, o_cudnn, a, src, dst
     torch.cuda.empty_cache()
