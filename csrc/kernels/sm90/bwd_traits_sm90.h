@@ -97,6 +97,17 @@ struct BwdLoadTraitsSm90 {
   };
 };
 
+// A consumer warpgroup's fp32 dQ share (kRows, kCols) staged for the TMA reduce-add as kCols / 8 slabs of
+// (kRows, 8 columns), 32 bytes a row. A wgmma accumulator's pair stores write 8 rows x 32 bytes per instruction,
+// 4 rows per half-warp: here each half fills the 32 banks once. With 128-byte rows, whose swizzle keeps 32-byte
+// pairs together, rows r and r ^ 1 hit the same banks: 2-way conflicts on every store (ncu, TUNING 120). The
+// TMA unit reads the slabs as a 3-D box, so dq_accum keeps its (rows, D) layout. Only the 128-row steps (d <= 64)
+// gain from it: d 64 1-4% faster; at d 128 the conflicts go but the kernel is 0.5-2% slower, at d 256 (wide,
+// 32-column parts) 17-21% slower, so those keep the swizzled rows.
+template <int kRows, int kCols>
+using SmemLayoutdQSlabs = cute::Layout<cute::Shape<cute::Int<kRows>, cute::Shape<cute::_8, cute::Int<kCols / 8>>>,
+                                       cute::Stride<cute::_8, cute::Stride<cute::_1, cute::Int<8 * kRows>>>>;
+
 // Head dim <= 128: keys split over the consumer warpgroups (see the top of this file).
 // dQ = dS K splits over the warpgroups by query rows where steps have 128 (each 64 rows x every column: a
 // wgmma as wide as D, FA3's split), else by columns (each every row x D / 2).
@@ -166,10 +177,10 @@ struct BwdTraitsSm90
       SmemLayoutdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));
 
-  // One warpgroup's fp32 dQ share: the 128-byte swizzle makes the accumulator's pair stores conflict-free.
   using SmemAtomdQ = std::conditional_t<kDQCols % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
-                                        cute::GMMA::Layout_K_SW64_Atom<float>>;  // 16 columns at d 32
-  using SmemLayoutdQ = decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}));
+                                        cute::GMMA::Layout_K_SW64_Atom<float>>;
+  using SmemLayoutdQ = std::conditional_t<kDQByRows, SmemLayoutdQSlabs<kDQRows, kDQCols>,
+                                          decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}))>;
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
   // tensor the TMA unit drops them.
   using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, typename Base::GmemTensorAcc{}, SmemLayoutdQ{},
