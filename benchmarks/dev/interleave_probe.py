@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import warm_up_gpu
+from flash_attn2.benchmark import median_ms, warm_up_gpu
 
 
 def time_after(filler, timed, reps=20, warmup=3):
@@ -59,17 +59,6 @@ def clocks_during(fn):
 threading.Thread(target=sample_clocks, daemon=True).start()
 
 
-def kernel_ms(fn, reps=10):
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
 warm_up_gpu(2)
 for case in os.environ.get("CASES", "28,4 32,8").split():
     h, h_kv = (int(x) for x in case.split(","))
@@ -89,12 +78,12 @@ for case in os.environ.get("CASES", "28,4 32,8").split():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             torch.autograd.grad(o_cudnn, (q, k, v), dot, retain_graph=True)
 
-    target = kernel_ms(cudnn)
+    target = median_ms(cudnn, warmup=1, reps=10)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    matmuls = max(1, round(target / kernel_ms(lambda: a @ a)))
+    matmuls = max(1, round(target / median_ms(lambda: a @ a, warmup=1, reps=10)))
     src = torch.empty(2 ** 29, device="cuda", dtype=torch.int16)  # 1 GB
     dst = torch.empty_like(src)
-    copies = max(1, round(target / kernel_ms(lambda: dst.copy_(src))))
+    copies = max(1, round(target / median_ms(lambda: dst.copy_(src), warmup=1, reps=10)))
     cycles_per_ms = torch.cuda.get_device_properties(0).clock_rate  # kHz: cycles per ms at the nominal clock
     fillers = {
         "none": lambda: None,

@@ -178,7 +178,7 @@ struct BwdTraitsSm90
                                                 cute::Step<cute::_2, cute::_1>{})));
 
   using SmemAtomdQ = std::conditional_t<kDQCols % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
-                                        cute::GMMA::Layout_K_SW64_Atom<float>>;
+                                        cute::GMMA::Layout_K_SW64_Atom<float>>;  // 48 columns at d 96
   using SmemLayoutdQ = std::conditional_t<kDQByRows, SmemLayoutdQSlabs<kDQRows, kDQCols>,
                                           decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}))>;
   // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
