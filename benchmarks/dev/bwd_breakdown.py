@@ -1,6 +1,7 @@
 # Where a backward's time goes, kernel by kernel (torch.profiler): ours (preprocess, main kernel, dQ
 # conversion, ...) beside sdpa_cudnn's on the same inputs, bf16: the FA2 grid's (16k tokens, hidden 2048), or
-# a given batch and heads (GQA). LAYOUT=hf lays q and k out as a Hugging Face Llama hands them over after RoPE
+# a given batch and heads (GQA). WINDOW=w: ours with window_size=(w - 1, 0) beside ours without (cuDNN takes no
+# window), to split a windowed backward's cost into the main kernel and the passes that scale with seqlen. LAYOUT=hf lays q and k out as a Hugging Face Llama hands them over after RoPE
 # (contiguous as (b, h, s, d), seen as (b, s, h, d)).
 #   python benchmarks/dev/bwd_breakdown.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,BATCH,HEADS,KV_HEADS] [...]
 import os
@@ -10,6 +11,7 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from flash_attn2 import flash_attn_func
 from flash_attn2.benchmark import HIDDEN, TOKENS, make_fn, warm_up_gpu
 
 
@@ -42,8 +44,12 @@ if __name__ == "__main__":
         q, k = inputs(b, s, h, d), inputs(b, s, hk, d)
         v = torch.randn(b, s, hk, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         dout = torch.randn_like(q)
-        for impl in ("flash_attn2", "sdpa_cudnn"):
-            out = make_fn(impl, q, k, v, bool(causal))()
+        window = int(os.environ.get("WINDOW", "0"))
+        for impl in ("flash_attn2_window", "flash_attn2") if window else ("flash_attn2", "sdpa_cudnn"):
+            if impl == "flash_attn2_window":
+                out = flash_attn_func(q, k, v, causal=bool(causal), window_size=(window - 1, 0))
+            else:
+                out = make_fn(impl, q, k, v, bool(causal))()
             for _ in range(3):
                 torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
             torch.cuda.synchronize()
