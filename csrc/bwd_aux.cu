@@ -24,6 +24,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements per 16-byte access
 constexpr int kPreprocessLanes = 8;
+constexpr int kMaxFragmentWidth = 128;  // the widest Hopper kernel with 64-row steps (d 128)
 
 // Vector i of a (kinds, heads, rows) grid of gradient rows, vecs_per_row 8-element vectors each, rows
 // innermost: the order in which the zero fill and the conversions walk dQ (one kind) and dK / dV (two).
@@ -136,7 +137,8 @@ __device__ inline void convert8(const float* src, float scale, T* dst) {
   *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
 }
 
-// Hopper: dQ = softmax_scale * accumulator (bwd_dq_accum_offset_sm90), 8 elements per thread and step.
+// Hopper kernels that add dQ rows (bwd_dq_accum_offset_sm90): dQ = softmax_scale * accumulator, 8 elements per
+// thread and step.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) convert_dq_sm90_kernel(const __grid_constant__ BwdParams p, int bucket) {
   griddep_wait();  // for the main kernel's dq_accum
@@ -148,6 +150,60 @@ __global__ void __launch_bounds__(kThreads) convert_dq_sm90_kernel(const __grid_
     if (v.col >= p.head_dim) continue;
     convert8(p.dq_accum + bwd_dq_accum_offset_sm90(p, bucket, v.head, v.row) + v.col, p.softmax_scale,
              dq_row<T>(p, v.row, v.head) + v.col);
+  }
+}
+
+// The query block that fills dQ slot `slot` (bwd_dq_slot): of the last sequence whose first slot is at or before
+// it (binary search; the starts ascend unless cu_seqlens_q decreases somewhere, whose rows are undefined), and
+// m_block past that; rows 0 for a slot past the sequence's blocks.
+struct SlotBlock {
+  int64_t start;  // the sequence's first packed row
+  int m_block, rows;  // rows of the block inside the sequence
+};
+__device__ inline SlotBlock slot_block(const BwdParams& p, int64_t slot) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  auto start = [&](int b) { return varlen ? clamp_row(p.cu_seqlens_q[b], 0, p.total_q) : int64_t(b) * p.seqlen_q; };
+  int lo = 0, hi = p.batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (bwd_dq_slot(start(mid), mid) <= slot) lo = mid; else hi = mid - 1;
+  }
+  const int64_t first = start(lo), m_block = slot - bwd_dq_slot(first, lo);
+  const int64_t len = varlen ? packed_rows(p.cu_seqlens_q, lo, p.total_q).end - first : p.seqlen_q;
+  const int64_t rows = m_block < 0 ? 0 : std::clamp<int64_t>(len - m_block * 64, 0, 64);
+  return {first, int(m_block), int(rows)};
+}
+
+// Hopper kernels with 64-row steps: dQ = softmax_scale * accumulator from the slots' fragments
+// (bwd_dq_fragment_word), a block per (head, slot) at a time, through shared memory so that dQ leaves in
+// 16-byte row stores.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) convert_dq_fragments_kernel(const __grid_constant__ BwdParams p, int width) {
+  __shared__ float tile[64][kMaxFragmentWidth + 8];  // +8: a half-warp's pair stores (4 rows) in 4 bank octets
+  griddep_wait();  // for the main kernel's dq_accum
+  griddep_launch_dependents();
+  const int64_t slots = bwd_dq_slots(p);
+  const int words = 16 * width, vecs_per_row = width / kVec;
+  for (int64_t item = blockIdx.x; item < slots * p.num_heads; item += gridDim.x) {
+    const int64_t slot = item % slots;
+    const int head = int(item / slots);
+    const SlotBlock block = slot_block(p, slot);
+    if (block.rows == 0) continue;  // the same for every thread: no barrier is skipped by some
+    const float4* words_in = reinterpret_cast<const float4*>(p.dq_accum + bwd_dq_fragment_offset(p, width, head, slot));
+    for (int word = threadIdx.x; word < words; word += kThreads) {
+      const DQFragmentWord at = bwd_dq_fragment_word(word, width / 2);
+      const float4 v = words_in[word];
+      *reinterpret_cast<float2*>(&tile[at.row][at.col]) = make_float2(v.x, v.y);
+      *reinterpret_cast<float2*>(&tile[at.row + 8][at.col]) = make_float2(v.z, v.w);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < block.rows * vecs_per_row; i += kThreads) {
+      const int row = i / vecs_per_row, col = i % vecs_per_row * kVec;
+      if (col < p.head_dim) {
+        convert8(&tile[row][col], p.softmax_scale, dq_row<T>(p, block.start + block.m_block * 64 + row, head) + col);
+      }
+    }
+    __syncthreads();  // the tile is read before the next slot overwrites it
   }
 }
 
@@ -194,9 +250,15 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, int64_t accum_elems, cudaS
   return cudaGetLastError();
 }
 
-cudaError_t launch_bwd_convert_dq_sm90(const BwdParams& p, int bucket, cudaStream_t stream) {
-  return launch_convert(&convert_dq_sm90_kernel<__half>, &convert_dq_sm90_kernel<__nv_bfloat16>,
-                        int64_t(p.num_heads) * p.total_q * (bucket / kVec), p, bucket, stream);
+cudaError_t launch_bwd_convert_dq_sm90(const BwdParams& p, int bucket, bool fragments, cudaStream_t stream) {
+  if (!fragments) {
+    return launch_convert(&convert_dq_sm90_kernel<__half>, &convert_dq_sm90_kernel<__nv_bfloat16>,
+                          int64_t(p.num_heads) * p.total_q * (bucket / kVec), p, bucket, stream);
+  }
+  if (bucket > kMaxFragmentWidth || bucket % 16 != 0) return cudaErrorInvalidValue;
+  const int64_t blocks = std::min<int64_t>(bwd_dq_slots(p) * p.num_heads, 65536);
+  auto kernel = p.dtype == DType::kFloat16 ? &convert_dq_fragments_kernel<__half> : &convert_dq_fragments_kernel<__nv_bfloat16>;
+  return launch_after(kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, p, bucket);
 }
 
 cudaError_t launch_bwd_convert_dkv(const BwdParams& p, int bucket, cudaStream_t stream) {

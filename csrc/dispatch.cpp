@@ -223,7 +223,7 @@ int64_t dq_accum_elems(const BwdParams& p, int bucket, bool on_sm90, int head_sp
   const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
   // Deterministic mode's split accumulators only where the SM80 backward will run them.
   const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
-  // The Hopper backward's (heads, total_q rows) in its kernel's row width, which pads 160 and 224.
+  // The Hopper backward's (heads, bwd_dq_slots x 64 rows) in its kernel's row width, which pads 160 and 224.
   const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
   int64_t sm90 = bwd_dq_turns_offset(p, width);
   if (p.num_splits > 0) {  // deterministic: the turn counters after it, for the smallest query blocks (64 rows)

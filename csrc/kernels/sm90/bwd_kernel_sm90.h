@@ -132,8 +132,8 @@ __device__ void bwd_load_v(const BwdArgsSm90<Traits>& args, typename Traits::Sha
   }
 }
 
-// Producer warp 1 + w: consumer warpgroup w's dQ shares (kDQParts per step), added to dq_accum by TMA
-// reduce-add once staged. One writer per warpgroup, so that no warpgroup waits for another's share to
+// Producer warp 1 + w: consumer warpgroup w's dQ shares (kDQParts per step), added to dq_accum by the TMA
+// unit once staged. One writer per warpgroup, so that no warpgroup waits for another's share to
 // get its staging buffer back (the warpgroups run out of phase: TUNING 36). Deterministic mode: in
 // key-block order (dq_turns.h).
 // `owed`: the consumers' last share of the previous key block was sent, its buffer not yet handed back (that
@@ -144,11 +144,34 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
   using namespace cute;
   constexpr int kHeadDim = Traits::kHeadDim, kParts = Traits::kDQParts;
   const BwdParams& p = args.params;
-  Tensor mdQ = args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1));  // (rows, D, heads, 1)
-  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{});    // (M, part)
   const int first_row = int(work.seq.offset_q(p.seqlen_q, 1, work.bidb));
   const DQTurns<Traits::kBlockM, Traits::kBlockN> turns(p, w, kHeadDim, work.bidb, first_row, work.n_block, work.window);
   const bool issuer = cute::elect_one_sync();  // one lane: a bulk async-group belongs to its thread
+  // Where the staged shares go: the TMA reduce-add's (rows, D, heads, 1) coordinates and the (M, part)
+  // staging, or (kDQFragments) the first slot of the sequence's query blocks.
+  const auto target = [&] {
+    if constexpr (Traits::kDQFragments) {
+      return bwd_dq_slot(first_row, work.bidb);
+    } else {
+      return cute::make_tuple(args.tma_dq.get_tma_tensor(make_shape(int(p.total_q), kHeadDim, p.num_heads, 1)),
+                              make_tensor(make_smem_ptr(smem.dq[w].data()), typename Traits::SmemLayoutdQ{}));
+    }
+  }();
+  // The staged share of (head, m_block, part) to dq_accum: a TMA reduce-add box of rows, or the warpgroup's
+  // fragments of its query block's slot in one bulk reduce.
+  auto add_share = [&](int head, int m_block, int part) {
+    if constexpr (Traits::kDQFragments) {
+      float* gdQ = p.dq_accum + bwd_dq_fragment_offset(p, kHeadDim, head, target + m_block) +
+                   w * Traits::kDQRows * Traits::kDQCols;
+      bulk_reduce_add(gdQ, smem.dq[w].data(), Traits::kDQBytes);
+    } else {
+      const auto& [mdQ, sdQ] = target;
+      Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
+                              typename Traits::TiledQ{}, Traits::dq_tile(m_block, w, part));  // (rows, columns)
+      auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
+      copy(args.tma_dq, get<1>(tdQ), get<0>(tdQ));
+    }
+  };
   if (owed) named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQEmpty0) + w);
 #pragma unroll 1  // unrolled, its 24 registers spilled in the loop
   for (int step = 0; step < work.steps; ++step) {
@@ -158,12 +181,9 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
       __syncwarp();  // the named barriers below want the whole warp
     }
     for (int part = 0; part < kParts; ++part) {
-      Tensor gdQ = local_tile(domain_offset(make_coord(first_row, _0{}), mdQ(_, _, head, 0)),
-                              typename Traits::TiledQ{}, Traits::dq_tile(m_block, w, part));  // (rows, columns)
-      auto tdQ = tma_partition(args.tma_dq, _0{}, Layout<_1>{}, group_modes<0, 2>(sdQ), group_modes<0, 2>(gdQ));
       named_barrier_sync(kdQThreads, int(BwdBarrier::kdQFull0) + w);
       if (issuer) {
-        copy(args.tma_dq, get<1>(tdQ), get<0>(tdQ));
+        add_share(head, m_block, part);
         tma_store_arrive();
         tma_store_wait<0>();  // the share is read: the warpgroup may refill it
       }

@@ -37,6 +37,15 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
   sm90::tma_encode_failed = false;
   using cute::SM90_TMA_LOAD;
   const auto smem_q = cute::take<0, 2>(typename Traits::SmemLayoutQ{});
+  const auto tma_dq = [&] {  // dq_accum's rows (bwd_dq_accum_offset_sm90), or none for fragments (bulk reduce)
+    if constexpr (Traits::kDQFragments) {
+      return typename Traits::TmadQ{};
+    } else {
+      return sm90::make_tma<Traits, typename Traits::TmadQ, float>(
+          cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
+          p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{});
+    }
+  }();
   BwdArgsSm90<Traits> args{
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.q, shape_q, p.q_row_stride, p.q_head_stride,
@@ -47,9 +56,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
                                                     p.k_batch_stride, typename Traits::SmemLayoutK{}, typename Traits::TileKV{}),
       sm90::make_tma<Traits, typename Traits::TmaV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
                                                      p.v_batch_stride, typename Traits::SmemLayoutV{}, typename Traits::TileKV{}),
-      sm90::make_tma<Traits, typename Traits::TmadQ, float>(
-          cute::SM90_TMA_REDUCE_ADD{}, p.dq_accum, cute::make_shape(int(p.total_q), kHeadDim, p.num_heads, 1), kHeadDim,
-          p.total_q * kHeadDim, 0, typename Traits::SmemLayoutdQ{}, typename Traits::TiledQ{}),
+      tma_dq,
       make_tma_rows<Traits>(p.softmax_d, rows_extent),
       int(rows_extent),
       head_splits,
@@ -94,7 +101,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
     return err;
   }
 
-  if (cudaError_t err = launch_bwd_convert_dq_sm90(p, kHeadDim, stream)) return err;
+  if (cudaError_t err = launch_bwd_convert_dq_sm90(p, kHeadDim, Traits::kDQFragments, stream)) return err;
   return head_splits > 1 ? launch_bwd_convert_dkv(p, kHeadDim, stream) : cudaSuccess;
 }
 

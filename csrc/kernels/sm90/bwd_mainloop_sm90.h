@@ -47,7 +47,6 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   Tensor sKt = local_tile(make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{}),
                           Shape<Int<Traits::kDQCols>, Int<kBlockN>>{},
                           make_coord(kDQByRows ? 0 : wg, _0{}));  // (columns, N): own dQ columns
-  Tensor sdQ = make_tensor(make_smem_ptr(smem.dq[wg].data()), typename Traits::SmemLayoutdQ{});  // (rows, columns)
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
@@ -74,9 +73,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   constexpr int kQueryBlocks = kCols / 4;  // 16-query blocks of a step in a thread's columns
   auto smem_copy_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto smem_thr_ds = smem_copy_ds.get_thread_slice(thread);
-  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
-  auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
-  Tensor tdQsdQ = smem_thr_dq.partition_D(sdQ);  // (CPY, CPY_M, CPY_D)
+  auto stage_dq_share = dq_stager<Traits>(mma_dq, smem.dq[wg].data(), thread);
   const bool release_thread = thread == 0;
 
   constexpr int kDSBuffers = Traits::kDSBuffers;
@@ -102,7 +99,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_dq);  // read only after the wgmma that writes it is done
     if constexpr (kDeferDQ) barrier_arrive(&smem.ds_empty[j % kDSBuffers]);
-    stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/j > 0);
+    stage_dq(stage_dq_share, acc_dq, wg, /*wait_empty=*/j > 0);
   };
   PipelineState& state = carried.q;
   const uint32_t kv_phase = carried.key_blocks & 1;

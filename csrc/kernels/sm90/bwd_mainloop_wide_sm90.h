@@ -88,10 +88,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   auto smem_thr_pds = smem_copy_pds.get_thread_slice(thread);
   Tensor tPsP = smem_thr_pds.partition_D(local_tile(sP, typename Traits::TileS{}, make_coord(_0{}, wg)));
   Tensor tdSsdS = smem_thr_pds.partition_D(local_tile(sdS, typename Traits::TileS{}, make_coord(_0{}, wg)));
-  auto smem_copy_dq = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
-  auto smem_thr_dq = smem_copy_dq.get_thread_slice(thread);
-  Tensor tdQsdQ = smem_thr_dq.partition_D(make_tensor(make_smem_ptr(smem.dq[wg].data()),
-                                                      typename Traits::SmemLayoutdQ{}));  // (CPY, CPY_M, CPY_D)
+  auto stage_dq_share = dq_stager<Traits>(mma_dq, smem.dq[wg].data(), thread);
   const bool release_thread = thread == 0;
 
   PipelineState &state = carried.q, &state_do = carried.dout;
@@ -228,7 +225,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
         }
       }
       // Staged once the writer warp has sent the last part.
-      stage_dq(smem_copy_dq, smem_thr_dq, acc_dq, tdQsdQ, wg, /*wait_empty=*/!first_share || step > 0 || kPart > 0);
+      stage_dq(stage_dq_share, acc_dq, wg, /*wait_empty=*/!first_share || step > 0 || kPart > 0);
     });
     state.template advance<kStages>();
     state_do.template advance<Traits::kStagesdO>();

@@ -8,7 +8,7 @@
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
 // memory, and each warpgroup computes its share of dQ (half the rows with 128-row steps, else half the
 // columns), which it stages in shared memory for its writer warp in the producer warpgroup to add to the
-// fp32 accumulator with a TMA reduce-add.
+// fp32 accumulator with a TMA reduce-add (128-row steps) or a flat bulk reduce of fragments (64-row steps).
 // Head dim > 128 (BwdTraitsSm90Wide): see its comment below.
 #pragma once
 
@@ -101,12 +101,22 @@ struct BwdLoadTraitsSm90 {
 // (kRows, 8 columns), 32 bytes a row. A wgmma accumulator's pair stores write 8 rows x 32 bytes per instruction,
 // 4 rows per half-warp: here each half fills the 32 banks once. With 128-byte rows, whose swizzle keeps 32-byte
 // pairs together, rows r and r ^ 1 hit the same banks: 2-way conflicts on every store (ncu, TUNING 120). The
-// TMA unit reads the slabs as a 3-D box, so dq_accum keeps its (rows, D) layout. Only the 128-row steps (d <= 64)
-// gain from it: d 64 1-4% faster; at d 128 the conflicts go but the kernel is 0.5-2% slower, at d 256 (wide,
-// 32-column parts) 17-21% slower, so those keep the swizzled rows.
+// TMA unit reads the slabs as a 3-D box, so dq_accum keeps its (rows, D) layout. The 128-row steps (d <= 64) gain
+// from it (1-4%); at d 128 it was 0.5-2% slower (the TMA unit reads 32-byte rows), and at d 256 (wide, 32-column
+// parts) 17-21% slower, which keeps the swizzled rows; the 64-row steps stage fragments instead (below).
 template <int kRows, int kCols>
 using SmemLayoutdQSlabs = cute::Layout<cute::Shape<cute::Int<kRows>, cute::Shape<cute::_8, cute::Int<kCols / 8>>>,
                                        cute::Stride<cute::_8, cute::Stride<cute::_1, cute::Int<8 * kRows>>>>;
+
+// The TMA reduce-add of staged dQ rows, or nothing for kernels whose writer adds fragments by a bulk copy.
+template <bool kFragments, class GmemTensor, class SmemLayout, class Tile>
+struct DQReduceTma {
+  using type = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, GmemTensor{}, SmemLayout{}, Tile{}, cute::_1{}));
+};
+template <class GmemTensor, class SmemLayout, class Tile>
+struct DQReduceTma<true, GmemTensor, SmemLayout, Tile> {
+  struct type {};
+};
 
 // Head dim <= 128: keys split over the consumer warpgroups (see the top of this file).
 // dQ = dS K splits over the warpgroups by query rows where steps have 128 (each 64 rows x every column: a
@@ -177,14 +187,17 @@ struct BwdTraitsSm90
       SmemLayoutdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));
 
-  using SmemAtomdQ = std::conditional_t<kDQCols % 32 == 0, cute::GMMA::Layout_K_SW128_Atom<float>,
-                                        cute::GMMA::Layout_K_SW64_Atom<float>>;  // 48 columns at d 96
-  using SmemLayoutdQ = std::conditional_t<kDQByRows, SmemLayoutdQSlabs<kDQRows, kDQCols>,
-                                          decltype(cute::tile_to_shape(SmemAtomdQ{}, TiledQ{}))>;
-  // dq_accum as (rows, kHeadDim, heads, 1): rows past a sequence get dS = 0 rows (adding 0), past the
-  // tensor the TMA unit drops them.
-  using TmadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_REDUCE_ADD{}, typename Base::GmemTensorAcc{}, SmemLayoutdQ{},
-                                             TiledQ{}, cute::_1{}));
+  // With 128-row steps dQ is staged as slabs for a TMA reduce-add over dq_accum as (rows, kHeadDim, heads,
+  // 1): rows past a sequence get dS = 0 rows (adding 0), past the tensor the TMA unit drops them. With
+  // 64-row steps a warpgroup's share is staged in its accumulator's register order (kDQFragments,
+  // bwd_dq_fragment_word) and added by one flat bulk reduce to its query block's slot. With the swizzled
+  // rows these kernels had, staging dQ cost 15-25% of their time (TUNING 121).
+  static constexpr bool kDQFragments = bwd_dq_fragments_sm90(kBlockM);
+  static_assert(kDQFragments != kDQByRows && (!kDQFragments || kDQCols * 2 == kHeadDim));
+  using SmemLayoutdQ = std::conditional_t<kDQFragments, cute::Layout<cute::Shape<cute::Int<kDQRows * kDQCols>>>,
+                                          SmemLayoutdQSlabs<kDQRows, kDQCols>>;
+  static constexpr uint32_t kDQBytes = kDQRows * kDQCols * sizeof(float);
+  using TmadQ = typename DQReduceTma<kDQFragments, typename Base::GmemTensorAcc, SmemLayoutdQ, TiledQ>::type;
 
   // The tiles after the first, from the loader to every other warp: the V loader, the dQ writers, the consumers.
   static constexpr int kSlotReaders = 1 + kConsumerWarpgroups + kConsumerThreads / 32;
@@ -212,7 +225,7 @@ struct BwdTraitsSm90Wide
   static constexpr int kConsumerWarpgroups = kGroups_;
   using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, 32, 1>;
   using Element = Element_;
-  static constexpr bool kWide = true, kPlainAlibi = false;
+  static constexpr bool kWide = true, kPlainAlibi = false, kDQFragments = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = kKeys_ * kConsumerWarpgroups;
   static constexpr int kKeys = kKeys_, kDRows = kHeadDim / kConsumerWarpgroups;  // per consumer warpgroup
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;

@@ -28,14 +28,37 @@ enum class BwdBarrier : int {
 };
 constexpr int kdQThreads = 128 + 32;  // a consumer warpgroup and the writer warp
 
-// A consumer warpgroup's side of the dQ hand-off to the writer warp (bwd_write_dq): its fp32 share into its
-// staging buffer (tdQsdQ, through the tiled copy and its thread slice) once the writer has sent the previous
-// one (wait_empty: every share but its first), then kdQFull.
-template <class TiledCopy, class ThrCopy, class Acc, class Dst>
-__device__ void stage_dq(const TiledCopy& copy_dq, const ThrCopy& thr_copy, const Acc& acc_dq, Dst& tdQsdQ, int wg,
-                         bool wait_empty) {
+// How a consumer warpgroup stages its fp32 dQ share (a 64-row wgmma accumulator) in its buffer `staging`:
+// in register order, 16 bytes a thread (Traits::kDQFragments: bwd_dq_fragment_word's layout), else through the
+// tiled copy of the accumulator into the buffer's (rows, columns) layout.
+template <class Traits, class TiledMma>
+__device__ auto dq_stager(const TiledMma& mma_dq, float* staging, int thread) {
+  using namespace cute;
+  if constexpr (Traits::kDQFragments) {
+    static_assert(std::is_same_v<typename TiledMma::Atom::LayoutC_TV, SM90::GMMA::CLayout_64xN<Traits::kDQCols>>,
+                  "bwd_dq_fragment_word maps a single 64 x N wgmma accumulator");
+    return [staging, thread](const auto& acc) {
+      float4* words = reinterpret_cast<float4*>(staging);
+      CUTE_UNROLL
+      for (int j = 0; j < size(acc) / 4; ++j) {
+        words[j * 128 + thread] = make_float4(acc(4 * j), acc(4 * j + 1), acc(4 * j + 2), acc(4 * j + 3));
+      }
+    };
+  } else {
+    auto copy = make_tiled_copy_C(Copy_Atom<SharedStore<uint64_t>, float>{}, mma_dq);
+    auto thr = copy.get_thread_slice(thread);
+    Tensor dst = thr.partition_D(make_tensor(make_smem_ptr(staging), typename Traits::SmemLayoutdQ{}));  // (CPY, CPY_M, CPY_D)
+    return [copy, thr, dst](const auto& acc) mutable { cute::copy(copy, thr.retile_S(acc), dst); };
+  }
+}
+
+// A consumer warpgroup's side of the dQ hand-off to the writer warp (bwd_write_dq): its share into its staging
+// buffer (`stage`, dq_stager's) once the writer has sent the previous one (wait_empty: every share but its
+// first), then kdQFull.
+template <class Stager, class Acc>
+__device__ void stage_dq(Stager& stage, const Acc& acc_dq, int wg, bool wait_empty) {
   if (wait_empty) named_barrier_sync(kdQThreads, int(BwdBarrier::kdQEmpty0) + wg);
-  cute::copy(copy_dq, thr_copy.retile_S(acc_dq), tdQsdQ);
+  stage(acc_dq);
   cutlass::arch::fence_view_async_shared();  // visible to the TMA unit
   named_barrier_arrive(kdQThreads, int(BwdBarrier::kdQFull0) + wg);
 }

@@ -61,6 +61,13 @@ __device__ __forceinline__ void named_barrier_arrive(int num_threads, int id) {
   cutlass::arch::NamedBarrier::arrive(num_threads, id);
 }
 
+// gmem[0, bytes / 4) += smem[0, bytes / 4) in fp32 by the TMA unit, as one flat bulk copy (16-byte aligned,
+// a multiple of 16 bytes), in the issuing thread's bulk async-group (tma_store_arrive / tma_store_wait).
+__device__ __forceinline__ void bulk_reduce_add(float* gmem, const float* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+               ::"l"(gmem), "r"(cute::cast_smem_ptr_to_uint(smem)), "r"(bytes) : "memory");
+}
+
 // Rows [first, rows) of a (rows, D) shared-memory tile to zero, 16 bytes per store (the swizzle keeps
 // each 8-element chunk contiguous), by `threads` threads; then fenced for the wgmma (async proxy).
 template <class Tensor>
