@@ -132,7 +132,7 @@ __host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int 
 // which is at least as large). Kernels with 128-row steps or 32-column dQ parts (d <= 64 without dropout,
 // d > 128) add into (heads, total_q rows, width) row-major, which their TMA reduce-add boxes address; the
 // 64-row-step kernels (bwd_dq_fragments_sm90) keep each query block's dQ whole in slot
-// bwd_dq_slot(...) + m_block, 64 x width floats in the dQ GEMMs' register order (bwd_dq_fragment_index).
+// bwd_dq_slot(...) + m_block, 64 x width floats in the dQ GEMMs' register order (bwd_dq_fragment_word).
 __host__ __device__ inline int64_t bwd_dq_slots(const BwdParams& p) { return p.total_q / 64 + p.batch; }
 // A sequence's 64-row query blocks take slots from start / 64 + b on (start: its first packed row; fixed
 // length: b x seqlen_q): each sequence's slots follow the last one's, for untrusted cu_seqlens too.
