@@ -135,7 +135,9 @@ __host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int 
 // bwd_dq_slot(...) + m_block, 64 x width floats in the dQ GEMMs' register order (bwd_dq_fragment_word).
 __host__ __device__ inline int64_t bwd_dq_slots(const BwdParams& p) { return p.total_q / 64 + p.batch; }
 // A sequence's 64-row query blocks take slots from start / 64 + b on (start: its first packed row; fixed
-// length: b x seqlen_q): each sequence's slots follow the last one's, for untrusted cu_seqlens too.
+// length: b x seqlen_q): each sequence's slots follow the last one's, and stay inside the region for any
+// clamped cu_seqlens; where cu_seqlens decreases, a later sequence's slots may meet an earlier one's, whose dQ
+// flash_attn2.h then leaves undefined.
 __host__ __device__ inline int64_t bwd_dq_slot(int64_t packed_q_start, int bidb) { return packed_q_start / 64 + bidb; }
 __host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, int width, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * width;
