@@ -24,7 +24,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements per 16-byte access
 constexpr int kPreprocessLanes = 8;
-constexpr int kMaxFragmentWidth = 128;  // the widest Hopper kernel with 64-row steps (d 128)
+constexpr int kMaxFragmentWidth = 128;  // the widest Hopper kernel that keeps dQ in fragments (d 128)
 
 // Vector i of a (kinds, heads, rows) grid of gradient rows, vecs_per_row 8-element vectors each, rows
 // innermost: the order in which the zero fill and the conversions walk dQ (one kind) and dK / dV (two).
@@ -179,7 +179,7 @@ __device__ inline SlotBlock slot_block(const BwdParams& p, int64_t slot) {
 // 16-byte row stores.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) convert_dq_fragments_kernel(const __grid_constant__ BwdParams p, int width) {
-  __shared__ float tile[64][kMaxFragmentWidth + 8];  // +8: a half-warp's pair stores (4 rows) in 4 bank octets
+  __shared__ alignas(16) float tile[64][kMaxFragmentWidth + 8];  // +8: a half-warp's pair stores (4 rows) in 4 bank octets
   griddep_wait();  // for the main kernel's dq_accum
   griddep_launch_dependents();
   const int64_t slots = bwd_dq_slots(p);

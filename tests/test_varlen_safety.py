@@ -59,16 +59,17 @@ def nan_outside(t, ranges):
     return t.masked_fill(~inside[:, None, None], math.nan)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])  # on Hopper: dQ as rows (128-row steps) and as fragments
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("outside", ["random", "nan"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_untrusted_cu_seqlens(case, outside, group, causal):
+def test_untrusted_cu_seqlens(case, outside, group, causal, head_dim):
     """Rows outside every sequence never reach a sequence's results, even when they hold NaN (the last key
     block of a sequence reaches past its end: those keys are masked, and 0 x NaN must not happen)."""
-    require_kernel(64, BF16)
+    require_kernel(head_dim, BF16)
     _, cu_q, total_q, cu_k, total_k, max_q, max_k = case
-    heads, d = 4, 64
+    heads, d = 4, head_dim
     q = randn(total_q, heads, d, dtype=BF16)
     k, v = (randn(total_k, heads // group, d, dtype=BF16) for _ in range(2))
     cu_q_t, cu_k_t = (torch.tensor(c, dtype=torch.int32, device="cuda") for c in (cu_q, cu_k))

@@ -7,8 +7,8 @@
 // the packed tensor: an entry below 0 reads as 0 and one past the end as total; a decreasing pair is an
 // empty sequence. Rows outside every sequence (before cu_seqlens[0], after the last sequence) get out 0 and
 // lse -inf, and zero gradients. No row outside the tensors is ever read or written. cu_seqlens that
-// decrease somewhere may make sequences overlap: those rows' results, and every row's dq, are undefined
-// (still in bounds).
+// decrease before their last entry make a later sequence start before an earlier one: rows two sequences
+// share get undefined results, and so does every row's dq (still in bounds).
 #pragma once
 
 #include <cstdint>

@@ -128,16 +128,16 @@ __host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int 
 }
 
 // The Hopper dQ accumulator: fp32, zeroed by the preprocess, one region per query head of
-// bwd_dq_slots(p) x 64 rows in the kernel's row width (bwd_dq_accum_elems sizes it for the SM80 layout,
-// which is at least as large). Kernels with 128-row steps or 32-column dQ parts (d <= 64 without dropout,
+// bwd_dq_slots(p) x 64 rows in the kernel's row width (bwd_dq_accum_elems takes the larger of this and the
+// SM80 layout). Kernels with 128-row steps or 32-column dQ parts (d <= 64 without dropout,
 // d > 128) add into (heads, total_q rows, width) row-major, which their TMA reduce-add boxes address; the
-// 64-row-step kernels (bwd_dq_fragments_sm90) keep each query block's dQ whole in slot
+// narrow kernels with 64-row steps (Traits::kDQFragments) keep each query block's dQ whole in slot
 // bwd_dq_slot(...) + m_block, 64 x width floats in the dQ GEMMs' register order (bwd_dq_fragment_word).
 __host__ __device__ inline int64_t bwd_dq_slots(const BwdParams& p) { return p.total_q / 64 + p.batch; }
 // A sequence's 64-row query blocks take slots from start / 64 + b on (start: its first packed row; fixed
 // length: b x seqlen_q): each sequence's slots follow the last one's, and stay inside the region for any
-// clamped cu_seqlens; where cu_seqlens decreases, a later sequence's slots may meet an earlier one's, whose dQ
-// flash_attn2.h then leaves undefined.
+// clamped cu_seqlens; where a sequence starts before an earlier one (cu_seqlens decreasing before its last
+// entry), its slots may meet the earlier one's, whose dq flash_attn2.h then leaves undefined.
 __host__ __device__ inline int64_t bwd_dq_slot(int64_t packed_q_start, int bidb) { return packed_q_start / 64 + bidb; }
 __host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, int width, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * width;
@@ -145,9 +145,7 @@ __host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, 
 __host__ __device__ inline int64_t bwd_dq_fragment_offset(const BwdParams& p, int width, int head, int64_t slot) {
   return (int64_t(head) * bwd_dq_slots(p) + slot) * 64 * width;
 }
-// Which layout a Hopper kernel adds into: 64-row steps (kBlockM, traits) keep dQ in fragments.
-constexpr bool bwd_dq_fragments_sm90(int block_m) { return block_m == 64; }
-// A slot in fragments: warpgroup w computed columns [w cols, (w + 1) cols) (cols = width / 2) as a 64 x cols
+// A slot in fragments: narrow warpgroup w computed columns [w cols, (w + 1) cols) (cols = width / 2) as a 64 x cols
 // wgmma accumulator, whose thread t holds, for each 8 columns j, rows r and r + 8 (r = 16 (t / 32) + t % 32 / 4)
 // at columns 8 j + 2 (t % 4) + {0, 1} (CuTe's GMMA CLayout_64xN), in that order: one 16-byte word, the
 // warpgroup's words of one j in thread order, so that its staging stores are whole 512-byte warp rows (no
@@ -174,7 +172,7 @@ __host__ __device__ inline int64_t bwd_dq_turn_slots(const BwdParams& p, int blo
 }
 
 // After the Hopper backward: dQ = softmax_scale * its accumulator, in the input dtype, from either layout
-// (fragments: bwd_dq_fragments_sm90).
+// (fragments: Traits::kDQFragments).
 cudaError_t launch_bwd_convert_dq_sm90(const BwdParams& params, int bucket, bool fragments, cudaStream_t stream);
 
 // dK = softmax_scale * accumulator and dV = accumulator in the input dtype, after a backward with head splits.

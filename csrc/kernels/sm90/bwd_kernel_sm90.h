@@ -5,7 +5,7 @@
 // the next one's first loads. Per key block, warpgroup 0's first warp loads K and V once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
 // LSE) and dO[m] into their rings; its next warps, one per consumer warpgroup, add that warpgroup's staged
-// dQ shares to the fp32 accumulator (TMA reduce-add). The further warpgroups consume the ring: at head dim
+// dQ shares to the fp32 accumulator (the TMA unit's reduce-add). The further warpgroups consume the ring: at head dim
 // <= 128 each owns 64 of the keys (bwd_mainloop_sm90.h), above it each owns a slice of the head dim
 // (bwd_mainloop_wide_sm90.h). dQ leaves through dq_accum, scaled and converted by a second kernel. dK
 // and dV of the group's heads sum in registers; with few key blocks (GQA, MQA: bwd_head_splits) a

@@ -5,7 +5,7 @@
 //   dS = P o (dP - D) -> shared memory (all warpgroups' keys side by side),
 //   dV^T[w] += dO^T[w] P, dK^T[w] += Q^T[w] dS (its kDRows rows of the head dim, all keys),
 //   dQ[:, w] = dS K[:, w], 32 columns at a time -> shared memory -> dq_accum (the writer warp's TMA
-//   reduce-add; scaled and converted afterwards).
+//   reduce-add of rows; scaled and converted afterwards).
 #pragma once
 
 #include "sm90/bwd_work_sm90.h"

@@ -159,10 +159,9 @@ struct BwdTraitsSm90
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
   using TileKVWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;
   using TiledQ = cute::Shape<cute::Int<kDQRows>, cute::Int<kDQCols>>;  // one warpgroup's share of dQ
-  // Where warpgroup w's share of a step's dQ lies, in TiledQ tiles of the (rows, D) accumulator.
-  __device__ static auto dq_tile(int m_block, int w, int /*part*/) {
-    return kDQByRows ? cute::make_coord(m_block * 2 + w, 0) : cute::make_coord(m_block, w);
-  }
+  // With 128-row steps, where warpgroup w's share of a step's dQ lies, in TiledQ tiles of the (rows, D)
+  // accumulator (with 64-row steps: column group w of its query block's slot).
+  __device__ static auto dq_tile(int m_block, int w, int /*part*/) { return cute::make_coord(m_block * 2 + w, 0); }
 
   // One warpgroup each (warpgroups run their own GEMMs on their own keys).
   // S^T, dP^T = (64 keys, M) += (64, D) (M, D)^T: both K-major in shared memory.
@@ -192,8 +191,8 @@ struct BwdTraitsSm90
   // 64-row steps a warpgroup's share is staged in its accumulator's register order (kDQFragments,
   // bwd_dq_fragment_word) and added by one flat bulk reduce to its query block's slot. With the swizzled
   // rows these kernels had, staging dQ cost 15-25% of their time (TUNING 121).
-  static constexpr bool kDQFragments = bwd_dq_fragments_sm90(kBlockM);
-  static_assert(kDQFragments != kDQByRows && (!kDQFragments || kDQCols * 2 == kHeadDim));
+  static constexpr bool kDQFragments = !kDQByRows;
+  static_assert(!kDQFragments || kDQCols * 2 == kHeadDim);
   using SmemLayoutdQ = std::conditional_t<kDQFragments, cute::Layout<cute::Shape<cute::Int<kDQRows * kDQCols>>>,
                                           SmemLayoutdQSlabs<kDQRows, kDQCols>>;
   static constexpr uint32_t kDQBytes = kDQRows * kDQCols * sizeof(float);
