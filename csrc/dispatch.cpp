@@ -227,7 +227,7 @@ int64_t dq_accum_elems(const BwdParams& p, int bucket, bool on_sm90, int head_sp
   const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
   int64_t sm90 = bwd_dq_turns_offset(p, width);
   if (p.num_splits > 0) {  // deterministic: the turn counters after it, for the smallest query blocks (64 rows)
-    sm90 += (kMaxDQWriters * p.num_heads * bwd_dq_turn_slots(p, 64) + 3) / 4 * 4;  // zeroed as float4s
+    sm90 += (kMaxDQWriters * p.num_heads * bwd_dq_slots(p) + 3) / 4 * 4;  // zeroed as float4s
   }
   // Then, with head splits, dK and dV (bwd_dkv_accum_offset), in the row width of whichever path runs.
   if (head_splits == 1) return std::max(sm80, sm90);

@@ -133,12 +133,18 @@ __host__ __device__ inline int64_t bwd_dkv_accum_offset(const BwdParams& p, int 
 // d > 128) add into (heads, total_q rows, width) row-major, which their TMA reduce-add boxes address; the
 // narrow kernels with 64-row steps (Traits::kDQFragments) keep each query block's dQ whole in slot
 // bwd_dq_slot(...) + m_block, 64 x width floats in the dQ GEMMs' register order (bwd_dq_fragment_word).
-__host__ __device__ inline int64_t bwd_dq_slots(const BwdParams& p) { return p.total_q / 64 + p.batch; }
-// A sequence's 64-row query blocks take slots from start / 64 + b on (start: its first packed row; fixed
-// length: b x seqlen_q): each sequence's slots follow the last one's, and stay inside the region for any
-// clamped cu_seqlens; where a sequence starts before an earlier one (cu_seqlens decreasing before its last
-// entry), its slots may meet the earlier one's, whose dq flash_attn2.h then leaves undefined.
-__host__ __device__ inline int64_t bwd_dq_slot(int64_t packed_q_start, int bidb) { return packed_q_start / 64 + bidb; }
+// Query slots per head for blocks of block_m rows (64: the fragment slots; the kernel's kBlockM: deterministic
+// mode's turn counters): a sequence's blocks take slots from start / block_m + b on (start: its first packed
+// row; fixed length: b x seqlen_q), as the tile scheduler counts them, so that each sequence's slots follow the
+// last one's and stay inside the region for any clamped cu_seqlens; where a sequence starts before an earlier
+// one (cu_seqlens decreasing before its last entry), its slots may meet the earlier one's, whose dq
+// flash_attn2.h then leaves undefined.
+__host__ __device__ inline int64_t bwd_dq_slots(const BwdParams& p, int block_m = 64) {
+  return p.total_q / block_m + p.batch;
+}
+__host__ __device__ inline int64_t bwd_dq_slot(int64_t packed_q_start, int bidb, int block_m = 64) {
+  return packed_q_start / block_m + bidb;
+}
 __host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, int width, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * width;
 }
@@ -160,15 +166,11 @@ __host__ __device__ inline DQFragmentWord bwd_dq_fragment_word(int word, int col
 }
 
 // Deterministic mode's dQ turn counters on the Hopper backward (sm90/dq_turns.h): int32, after its dQ
-// accumulator, (writer warp, head, query slot) for up to kMaxDQWriters writer warps and bwd_dq_turn_slots
-// query slots per head: a sequence's blocks of block_m rows from slot start / block_m + b on, as the tile
-// scheduler counts them.
+// accumulator, (writer warp, head, query slot) for up to kMaxDQWriters writer warps and bwd_dq_slots(p,
+// kBlockM) query slots per head.
 constexpr int kMaxDQWriters = 3;
 __host__ __device__ inline int64_t bwd_dq_turns_offset(const BwdParams& p, int width) {
   return int64_t(p.num_heads) * bwd_dq_slots(p) * 64 * width;
-}
-__host__ __device__ inline int64_t bwd_dq_turn_slots(const BwdParams& p, int block_m) {
-  return p.total_q / block_m + p.batch;
 }
 
 // After the Hopper backward: dQ = softmax_scale * its accumulator, in the input dtype, from either layout

@@ -12,7 +12,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/block_range.h"
-#include "common/registry.h"  // bwd_dq_turns_offset, bwd_dq_turn_slots
+#include "common/registry.h"  // bwd_dq_turns_offset, bwd_dq_slots, bwd_dq_slot
 
 namespace flash_attn2::sm90 {
 
@@ -25,8 +25,8 @@ struct DQTurns {
   // Writer warp `writer` of the block whose key block is n_block of batch entry bidb.
   __device__ DQTurns(const BwdParams& p, int writer, int kernel_head_dim, int bidb, int64_t packed_q_start,
                      int n_block_, const Window& window_)
-      : counters(nullptr), slots(int(bwd_dq_turn_slots(p, kBlockM))),
-        first_slot(int(packed_q_start / kBlockM) + bidb),  // the tile scheduler's slot rule, for every batch mode
+      : counters(nullptr), slots(int(bwd_dq_slots(p, kBlockM))),
+        first_slot(int(bwd_dq_slot(packed_q_start, bidb, kBlockM))),
         n_block(n_block_), window(window_) {
     if (p.num_splits > 0) {
       counters = reinterpret_cast<int*>(p.dq_accum + bwd_dq_turns_offset(p, kernel_head_dim)) +
