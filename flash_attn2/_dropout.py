@@ -1,7 +1,7 @@
 """Attention dropout's random numbers, as the kernels draw them (csrc/kernels/common/dropout.h), regenerated
 in PyTorch: for S_dmask (return_attn_probs=True) and for tests.
 
-One Philox4x32-10 call gives 16 bytes, the keep bytes of a unit of 4 query rows x 4 keys:
+One Philox4x32-7 call (flash-attn 2's round count) gives 16 bytes, the keep bytes of a unit of 4 query rows x 4 keys:
 rows 16 a + 2 i + {0, 1, 8, 9} and keys 16 b + 2 k + {0, 1, 8, 9} (i, k in 0..3) of one (batch, head). That
 is the pattern in which an MMA accumulator fragment (mma.sync and wgmma alike) holds scores: a thread holds
 half a unit and the lane 4 away the other half, in S as in the backward's S^T, so every kernel draws the
@@ -38,12 +38,15 @@ def dropout_scale(p: float) -> float:
     return 256.0 / t if t > 0 else 0.0
 
 
-def philox4x32_10(counter, key):
-    """Philox4x32-10 (Random123) on int64 tensors holding uint32 values: counter a 4-tuple, key a 2-tuple,
-    broadcast against each other; returns the four output words."""
+PHILOX_ROUNDS = 7  # dropout.h's kDropoutPhiloxRounds
+
+
+def philox4x32(counter, key, rounds=PHILOX_ROUNDS):
+    """Philox4x32 (Random123) with `rounds` rounds on int64 tensors holding uint32 values: counter a 4-tuple,
+    key a 2-tuple, broadcast against each other; returns the four output words."""
     c0, c1, c2, c3 = (torch.as_tensor(c, dtype=torch.int64) for c in counter)
     k0, k1 = (torch.as_tensor(k, dtype=torch.int64) for k in key)
-    for round_ in range(10):
+    for round_ in range(rounds):
         if round_ > 0:
             k0 = (k0 + _W0) & _MASK32
             k1 = (k1 + _W1) & _MASK32
@@ -71,8 +74,8 @@ def keep_bytes(seed: int, offset: int, bh: torch.Tensor, rows: torch.Tensor, col
     a, i = rows >> 4, (rows & 7) >> 1
     b, k = cols >> 4, (cols & 7) >> 1
     counter = (4 * b + k, 4 * a + i, bh, torch.tensor((offset >> 2) & _MASK32))
-    words = philox4x32_10(counter, (torch.tensor((seed & _MASK32) ^ _KEY_TAG[0]),
-                                    torch.tensor(((seed >> 32) & _MASK32) ^ _KEY_TAG[1])))
+    words = philox4x32(counter, (torch.tensor((seed & _MASK32) ^ _KEY_TAG[0]),
+                                 torch.tensor(((seed >> 32) & _MASK32) ^ _KEY_TAG[1])))
     word = 2 * ((rows >> 3) & 1) + (rows & 1)
     byte = 2 * ((cols >> 3) & 1) + (cols & 1)
     stacked = torch.stack(torch.broadcast_tensors(*words), dim=0)

@@ -1,5 +1,5 @@
-"""Dropout's random numbers as the PyTorch side regenerates them (flash_attn2/_dropout.py; CPU): Philox4x32-10
-against Random123's known answers, the keep fraction, and what the seed, offset and position change. The C++
+"""Dropout's random numbers as the PyTorch side regenerates them (flash_attn2/_dropout.py; CPU): Philox4x32-7
+and -10 against Random123's known answers, the keep fraction, and what the seed, offset and position change. The C++
 draws (csrc/kernels/common/dropout.h) are checked against the same spec by benchmarks/dev/check_dropout.cu."""
 
 import math
@@ -10,20 +10,26 @@ import torch
 from flash_attn2 import _dropout
 
 
-@pytest.mark.parametrize("counter,key,want", [
-    ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
-    ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
-    ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
-     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)),
-])
-def test_philox_known_answers(counter, key, want):
-    assert tuple(int(w) for w in _dropout.philox4x32_10(counter, key)) == want
+_KAT_INPUTS = [((0, 0, 0, 0), (0, 0)), ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2),
+               ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0))]
+# Random123's kat_vectors, philox4x32 with 7 and 10 rounds, for the inputs above.
+_KAT_OUTPUTS = {7: [(0x5F6FB709, 0x0D893F64, 0x4F121F81, 0x4F730A48), (0x5207DDC2, 0x45165E59, 0x4D8EE751, 0x8C52F662),
+                    (0x4DFCCABA, 0x190A87F0, 0xC47362BA, 0xB6B5242A)],
+                10: [(0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8), (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+                     (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)]}
+
+
+@pytest.mark.parametrize("rounds", [7, 10])
+@pytest.mark.parametrize("case", range(len(_KAT_INPUTS)))
+def test_philox_known_answers(rounds, case):
+    counter, key = _KAT_INPUTS[case]
+    assert tuple(int(w) for w in _dropout.philox4x32(counter, key, rounds)) == _KAT_OUTPUTS[rounds][case]
 
 
 def test_spec_bytes_match_the_cpp_draws():
     """Bytes that benchmarks/dev/check_dropout.cu printed from the C++ spec for seed 0x9abcdef012345678,
     offset 4 x 77, bh 5."""
-    points = [(0, 0, 189), (1, 9, 32), (17, 3, 98), (100, 77, 130), (1023, 4095, 190), (40000, 12345, 187)]
+    points = [(0, 0, 0), (1, 9, 253), (17, 3, 231), (100, 77, 117), (1023, 4095, 11), (40000, 12345, 206)]
     for row, col, want in points:
         got = _dropout.keep_bytes(0x9ABCDEF012345678, 4 * 77, torch.tensor(5), torch.tensor(row), torch.tensor(col))
         assert int(got) == want, (row, col)
