@@ -15,7 +15,7 @@ CSRC = "csrc"
 
 
 def _load_build_config():
-    spec = importlib.util.spec_from_file_location("_build_config", os.path.join(ROOT, "flash_attn2", "_build_config.py"))
+    spec = importlib.util.spec_from_file_location("build_config", os.path.join(ROOT, "tools", "build_config.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -15,7 +15,8 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/launch.h"
-#include "common/registry.h"
+#include "common/bwd_workspace.h"
+#include "common/launchers.h"
 #include "common/seqlen.h"
 
 namespace flash_attn2 {

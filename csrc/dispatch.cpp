@@ -1,5 +1,6 @@
 // run_fwd() / run_bwd(): check the params, then pick the compiled kernel for (head dim bucket, dtype, arch)
-// from an explicit table. Torch-free, like the kernels.
+// from an explicit table and plan the call (common/launchers.h: its kernel kind, the device, the host
+// heuristics' answers). Torch-free, like the kernels.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -11,8 +12,10 @@
 #include <utility>
 
 #include "flash_attn2/flash_attn2.h"
-#include "common/registry.h"
-#include "sm80/tile_sizes.h"
+#include "common/bwd_workspace.h"
+#include "common/kernel_kind.h"
+#include "common/launchers.h"
+#include "heuristics.h"
 
 // The build names the instantiated kernels (csrc/instantiations/): head-dim buckets and dtypes.
 #if !defined(FLASH_ATTN2_COMPILED_HEAD_DIMS) || !defined(FLASH_ATTN2_COMPILED_FP16) || !defined(FLASH_ATTN2_COMPILED_BF16)
@@ -22,6 +25,10 @@
 #if !defined(FLASH_ATTN2_COMPILED_SM80) || !defined(FLASH_ATTN2_COMPILED_SM90)
 #error "the build defines FLASH_ATTN2_COMPILED_SM80 and FLASH_ATTN2_COMPILED_SM90 (0 or 1)"
 #endif
+// ... and the head dims the Hopper backward has kernels for (tools/build_config.py: BWD_SM90_HEAD_DIMS).
+#if !defined(FLASH_ATTN2_SM90_BWD_HEAD_DIMS)
+#error "the build defines FLASH_ATTN2_SM90_BWD_HEAD_DIMS (e.g. 32,64,96,128,192,256)"
+#endif
 
 namespace flash_attn2 {
 namespace {
@@ -29,10 +36,17 @@ namespace {
 constexpr int kBucketStep = 32;
 constexpr int kNumBuckets = 256 / kBucketStep;  // head dims 32, 64, ..., 256
 constexpr int kCompiledHeadDims[] = {FLASH_ATTN2_COMPILED_HEAD_DIMS};
-// Deterministic backward: at most this many dq accumulators (memory), at least every key block of
-// kMinBlockN rows its own split when the heads alone cannot fill the GPU.
-constexpr int kMaxSplits = 16;
-constexpr int kMinBlockN = 64;
+constexpr int kSm90BwdHeadDims[] = {FLASH_ATTN2_SM90_BWD_HEAD_DIMS};  // ascending
+
+// The Hopper backward kernel that serves a head-dim bucket: its own, or the next wider one on zero-padded head
+// dims (160 and 224 run the 192 / 256 kernels: TMA fills the columns past head_dim with zeros, and the
+// accumulators have the kernel's row width); 0 for none.
+constexpr int bwd_sm90_kernel_dim(int bucket) {
+  for (int d : kSm90BwdHeadDims) {
+    if (d >= bucket) return d;
+  }
+  return 0;
+}
 
 constexpr bool compiled(int head_dim, DType dtype) {
   if (!(dtype == DType::kFloat16 ? FLASH_ATTN2_COMPILED_FP16 : FLASH_ATTN2_COMPILED_BF16)) return false;
@@ -217,21 +231,9 @@ cudaError_t no_kernel(const FwdParams& p, const char* direction) {
                                          "; rebuild with FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES covering it");
 }
 
-// The dQ accumulator's size (and dK / dV's after it) when the backward runs on the Hopper path (on_sm90) or
-// the SM80 one.
+// dq_accum's size (bwd_workspace.h) when the backward runs on the Hopper path (on_sm90) or the SM80 one.
 int64_t dq_accum_elems(const BwdParams& p, int bucket, bool on_sm90, int head_splits) {
-  const int64_t rows = p.total_q + int64_t(p.batch) * bwd_block_m(bucket);
-  // Deterministic mode's split accumulators only where the SM80 backward will run them.
-  const int64_t sm80 = int64_t(on_sm90 ? 1 : std::max(1, p.num_splits)) * p.num_heads * rows * bucket;
-  // The Hopper backward's (heads, bwd_dq_slots x 64 rows) in its kernel's row width, which pads 160 and 224.
-  const int width = std::max(bucket, bwd_sm90_kernel_dim(bucket));
-  int64_t sm90 = bwd_dq_turns_offset(p, width);
-  if (p.num_splits > 0) {  // deterministic: the turn counters after it, for the smallest query blocks (64 rows)
-    sm90 += (kMaxDQWriters * p.num_heads * bwd_dq_slots(p) + 3) / 4 * 4;  // zeroed as float4s
-  }
-  // Then, with head splits, dK and dV (bwd_dkv_accum_offset), in the row width of whichever path runs.
-  if (head_splits == 1) return std::max(sm80, sm90);
-  return std::max({sm80, sm90, bwd_dkv_accum_offset(p, bucket, 2, 0, 0), bwd_dkv_accum_offset(p, width, 2, 0, 0)});
+  return bwd_dq_accum_size(p, bucket, bwd_sm90_kernel_dim(bucket), on_sm90, head_splits);
 }
 
 }  // namespace
@@ -263,25 +265,24 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
   if (fwd == nullptr) return err;
-  if ((err = fwd(p, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  LaunchPlan plan;
+  plan.kind = fwd_kind(p);
+  if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 
-int bwd_deterministic_splits(const BwdParams& p, int num_sms) {
-  const int64_t heads = std::max<int64_t>(1, int64_t(p.batch) * p.num_heads_k);  // blocks per key block
-  const int64_t fill = (2 * int64_t(num_sms) + heads - 1) / heads;
-  const int64_t key_blocks = (int64_t(p.seqlen_k) + kMinBlockN - 1) / kMinBlockN;
-  return int(std::max<int64_t>(1, std::min<int64_t>({fill, key_blocks, kMaxSplits})));
-}
+int bwd_deterministic_splits(const BwdParams& p, int num_sms) { return deterministic_splits(p, num_sms); }
 
-int64_t bwd_softmax_d_elems(const BwdParams& p) { return bwd_tile_counter_offset(p) + 4; }
+int64_t bwd_softmax_d_elems(const BwdParams& p) { return bwd_softmax_d_size(p); }
 
 int64_t bwd_dq_accum_elems(const BwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   std::string backend;
   const bool on_sm90 = bucket > 0 && requested_backend(&backend) && bwd_on_sm90(kernels(bucket, p.dtype), p, backend);
-  int head_splits = 1;
-  if (bwd_head_splits(p, &head_splits) != cudaSuccess) head_splits = 1;  // run_bwd meets the error and says it
+  DeviceInfo device;
+  // Without the device's facts, one head split; run_bwd meets the error and says it.
+  const int head_splits = current_device_info(&device) == cudaSuccess ? bwd_head_splits(p, device) : 1;
   return dq_accum_elems(p, bucket, on_sm90, head_splits);
 }
 
@@ -308,14 +309,17 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (!requested_backend(&backend)) return cudaErrorInvalidValue;
   const Kernels& k = kernels(bucket, p.dtype);
   if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(k, p, backend, &err)) == nullptr) return err;
-  int head_splits = 1;
-  if (bwd != nullptr && (err = bwd_head_splits(p, &head_splits)) != cudaSuccess) {
-    return fail(err, cudaGetErrorString(err));
+  LaunchPlan plan;
+  if (bwd != nullptr) {
+    if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+    plan.kind = bwd_kind(p);
+    plan.head_splits = bwd_head_splits(p, plan.device);
+    plan.causal_pair_fits_l2 = bwd_causal_pair_fits_l2(p, bwd_sm90_kernel_dim(bucket), plan.device);
   }
   // The accumulator the picked kernel adds into (as bwd_dq_accum_elems sized it), zeroed by the preprocess.
-  const int64_t accum_elems = bwd == nullptr ? 0 : dq_accum_elems(p, bucket, bwd == k.bwd_sm90, head_splits);
+  const int64_t accum_elems = bwd == nullptr ? 0 : dq_accum_elems(p, bucket, bwd == k.bwd_sm90, plan.head_splits);
   if ((err = launch_bwd_preprocess(p, accum_elems, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
-  if (bwd != nullptr && (err = bwd(p, head_splits, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  if (bwd != nullptr && (err = bwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

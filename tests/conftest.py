@@ -1,8 +1,12 @@
 import os
+import sys
 import zlib
 
 import pytest
 import torch
+
+# tools/build_config.py (the build's rules, not part of the installed package) as `build_config`.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 
 GPU_REASON = "needs a CUDA GPU: the kernel tests run on the GPU machine (README), not on CPU-only CI"
 

@@ -256,7 +256,7 @@ def test_forward_backend_knob(monkeypatch):
 def test_head_dim_not_compiled():
     """A head dim whose bucket this build left out raises NotImplementedError naming it and the knob that
     adds it (the library's message, for forward and backward alike)."""
-    from flash_attn2._build_config import HEAD_DIMS
+    from build_config import HEAD_DIMS  # tools/build_config.py
     missing = [(d, t) for t in (torch.bfloat16, torch.float16) for d in HEAD_DIMS  # no bucket >= d compiled
                if all(c < d for c in flash_attn2.compiled_head_dims(t))]
     if not missing:

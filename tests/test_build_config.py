@@ -1,15 +1,12 @@
 """setup.py's knobs and preflight checks (CPU)."""
 
-import importlib.util
 import os
 import stat
 
+import build_config as cfg  # tools/build_config.py (conftest.py puts tools/ on the path)
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-spec = importlib.util.spec_from_file_location("_build_config", os.path.join(ROOT, "flash_attn2", "_build_config.py"))
-cfg = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cfg)
 
 
 def test_head_dims_and_dtypes():
@@ -100,11 +97,11 @@ def test_kernel_paths(archs, env, paths):
     defs = cfg.kernel_definitions([64], ["bf16"], paths)
     assert f"-DFLASH_ATTN2_COMPILED_SM80={int('sm80' in paths)}" in defs
     assert f"-DFLASH_ATTN2_COMPILED_SM90={int('sm90' in paths)}" in defs
-
-
-def test_old_sm80_knob_says_its_new_name():
-    with pytest.raises(ValueError, match="FLASH_ATTN2_SM80_FWD is now FLASH_ATTN2_SM80"):
-        cfg.kernel_paths(["90"], {"FLASH_ATTN2_SM80_FWD": "1"})
+    # dispatch.cpp's one list of Hopper backward kernels, each with its instantiation files
+    assert "-DFLASH_ATTN2_SM90_BWD_HEAD_DIMS=32,64,96,128,192,256" in defs
+    for d in cfg.BWD_SM90_HEAD_DIMS:
+        for t in cfg.DTYPES:
+            assert os.path.isfile(os.path.join(ROOT, "csrc", "instantiations", f"bwd_hdim{d}_{t}_sm90.cu"))
 
 
 @pytest.mark.parametrize("archs,env,compact", [

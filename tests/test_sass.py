@@ -12,8 +12,8 @@ import subprocess
 import pytest
 import torch
 
+from build_config import bwd_sm90_kernel_dim  # tools/build_config.py
 from flash_attn2 import _ops
-from flash_attn2._build_config import bwd_sm90_kernel_dim
 
 
 def _cuobjdump():
@@ -69,7 +69,7 @@ def _check_wgmma(kernels, dims, what, extra=0):
         assert not re.search(r"\bHMMA\b", body), f"{name}: HMMA (mma.sync) in a Hopper kernel"
 
 
-# Head dims with a second plain forward kernel (FwdShortTileSm90 in csrc/kernels/sm90/tile_sizes_sm90.h).
+# Head dims with a second plain forward kernel (fwd_short_causal_max_seqlen_q_sm90 in csrc/kernels/sm90/tile_size.h).
 SHORT_TILE_HEAD_DIMS = {256}
 
 
@@ -80,7 +80,7 @@ def test_hopper_forward_kernels_use_wgmma():
 
 
 # Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi,
-# csrc/kernels/sm90/bwd_launch_sm90.h).
+# csrc/kernels/sm90/bwd_launch.h).
 PLAIN_ALIBI_HEAD_DIMS = {64, 128}
 
 

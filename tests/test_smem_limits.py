@@ -14,7 +14,7 @@ from test_forward import DTYPES, HEAD_DIMS, check_dense_forward, dense_inputs, r
 pytestmark = pytest.mark.gpu
 
 LIMITS = {"a100": 163 * 1024, "sm86": 99 * 1024}
-# The largest head dim whose backward fits, with the compact tiles (csrc/kernels/sm80/tile_sizes.h).
+# The largest head dim whose backward fits, with the compact tiles (csrc/kernels/sm80/tile_size.h).
 BWD_MAX_HEAD_DIM = {"a100": 256, "sm86": 160}
 
 

@@ -1,4 +1,4 @@
 // Hopper backward kernel, head dim 96, fp16 (sm_90a code; empty for other targets).
-#include "sm90/bwd_launch_sm90.h"
+#include "sm90/bwd_launch.h"
 
 FLASH_ATTN2_INSTANTIATE_BWD_SM90(96, kFloat16)

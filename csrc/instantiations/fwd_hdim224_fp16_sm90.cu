@@ -1,4 +1,4 @@
 // Hopper forward kernel, head dim 224, fp16 (sm_90a code; empty for other targets).
-#include "sm90/fwd_launch_sm90.h"
+#include "sm90/fwd_launch.h"
 
 FLASH_ATTN2_INSTANTIATE_FWD_SM90(224, kFloat16)

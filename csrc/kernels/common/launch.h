@@ -1,11 +1,32 @@
-// Programmatic dependent launch for the backward's chain of kernels (preprocess, main kernel, conversions).
+// What every launcher does around a kernel launch: opting a kernel into its shared memory, and programmatic
+// dependent launch for the backward's chain of kernels (preprocess, main kernel, conversions).
 #pragma once
 
 #include <utility>
 
 #include <cuda_runtime.h>
 
+#include "common/launchers.h"  // DeviceInfo
+
 namespace flash_attn2 {
+
+// Opts kernel into bytes of dynamic shared memory on the current device, or returns
+// cudaErrorLaunchOutOfResources where a block may not have that much (the backward's 208 KB at head
+// dim 256 on an A100 without compact tiles). The attribute is per device, so launchers call this on
+// every launch.
+template <class Kernel>
+cudaError_t allow_dynamic_smem(Kernel* kernel, int bytes, const DeviceInfo& device) {
+  if (bytes <= 48 * 1024) return cudaSuccess;  // every GPU allows this much without opting in
+  if (bytes > device.smem_per_block) return cudaErrorLaunchOutOfResources;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// allow_dynamic_smem for an SM80 tile, which must also fit tile_smem_limit (the limit it was picked for).
+template <class Kernel>
+cudaError_t allow_tile_smem(Kernel* kernel, int bytes, const DeviceInfo& device) {
+  if (bytes > device.tile_smem_limit) return cudaErrorLaunchOutOfResources;
+  return allow_dynamic_smem(kernel, bytes, device);
+}
 
 // The backward's kernels after the first (preprocess, main kernel, conversions) go with programmatic dependent
 // launch on sm_90+: a kernel's blocks may start, and run their prologue, while the previous kernel's last blocks

@@ -1,18 +1,19 @@
-// Which (query block, batch, head) tile a thread block computes, and how many slots there are; used by
-// the forward and the dQ conversion. The SM80 kernels take one tile per block (a loop over tiles spilled
-// more and ran 6% slower, benchmarks/TUNING.md step 15); the Hopper forward is persistent: one block per
-// SM walks the slots blockIdx.x, blockIdx.x + gridDim.x, ...
+// Which tile a thread block computes, and how many slots there are: (query block, batch, head) for the forward
+// and the dQ conversion, (key block, batch, kv head) for the Hopper backward (kKeys). The SM80 kernels take one
+// tile per block (a loop over tiles spilled more and ran 6% slower, benchmarks/TUNING.md step 15); the Hopper
+// kernels are persistent: one block per SM walks the slots blockIdx.x, blockIdx.x + gridDim.x, ... (or claims
+// them from a counter: sm90/scheduler.h).
 //
-// Fixed-length: ceil(seqlen_q / kBlockM) blocks per (batch, head), the query block fastest, so the blocks
+// Fixed-length: ceil(seqlen / kBlock) blocks per (batch, head), the block index fastest, so the blocks
 // of one head run together and share its K/V through L2; within a head the longest causal rows go first.
 //
-// Varlen: max_seqlen_q is only a hint, so the grid is sized from the packed length instead. Each head gets
-// total_q / kBlockM + batch tile slots: sequence b's tiles take the slots from
-// first_slot(b) = start_b / kBlockM + b on, which leaves room for its ceil(len_b / kBlockM) tiles before
+// Varlen: max_seqlen is only a hint, so the grid is sized from the packed length instead. Each head gets
+// total / kBlock + batch tile slots: sequence b's tiles take the slots from
+// first_slot(b) = start_b / kBlock + b on, which leaves room for its ceil(len_b / kBlock) tiles before
 // sequence b + 1's first slot (a sequence leaves at most one slot empty). Blocks go sequence by sequence,
-// then head by head, the query tile fastest, as for fixed length: the longest sequence's heavy tiles
+// then head by head, the tile fastest, as for fixed length: the longest sequence's heavy tiles
 // start first. A block finds its sequence by a 32-way search over cu_seqlens (two rounds up to 1024
-// sequences). Skewed batches launch far fewer blocks than batch * ceil(max_seqlen / kBlockM) would.
+// sequences). Skewed batches launch far fewer blocks than batch * ceil(max_seqlen / kBlock) would.
 #pragma once
 
 #include <cstdint>
@@ -22,18 +23,17 @@
 
 namespace flash_attn2 {
 
-struct QueryTile {
-  int bidb, bidh, m_block;
+struct WorkTile {
+  int bidb, bidh, block;  // block: the query block (the Hopper backward: the key block, and bidh the kv head)
   bool valid;       // a tile to compute (not an empty slot)
   bool owns_slot;   // slot `rank` of head bidh: a share of that head's zero-fill work
   int rank, ranks;  // this block's slot among the head's `ranks` slots
 };
 
-// kKeys: the same over key rows and kv heads (cu_seqlens_k, total_k, num_heads_k, seqlen_k), for the Hopper
-// backward's key blocks; a Tile's m_block and bidh are then the key block and the kv head.
+// kBlockM rows per tile. kKeys: the same over key rows and kv heads (cu_seqlens_k, total_k, num_heads_k,
+// seqlen_k), for the Hopper backward's key blocks.
 template <int kBlockM, bool kKeys = false>
-struct QueryTileScheduler {
-  using Tile = QueryTile;
+struct TileScheduler {
 
   __host__ __device__ static const int* cu_seqlens(const FwdParams& p) { return kKeys ? p.cu_seqlens_k : p.cu_seqlens_q; }
   __host__ __device__ static int64_t total(const FwdParams& p) { return kKeys ? p.total_k : p.total_q; }
@@ -47,10 +47,10 @@ struct QueryTileScheduler {
 
   __host__ __device__ static int64_t num_blocks(const FwdParams& p) { return slots_per_head(p) * heads(p); }
 
-  __device__ static Tile get(const FwdParams& p) { return get(p, int(blockIdx.x)); }
+  __device__ static WorkTile get(const FwdParams& p) { return get(p, int(blockIdx.x)); }
 
   // Slot `block` of the grid's order; a persistent kernel walks several.
-  __device__ static Tile get(const FwdParams& p, int block) {
+  __device__ static WorkTile get(const FwdParams& p, int block) {
     if (cu_seqlens(p) == nullptr) {
       const int num_m_blocks = (seqlen(p) + kBlockM - 1) / kBlockM;
       const int rank = block % num_m_blocks;
@@ -111,7 +111,7 @@ struct CausalTileOrder {
 
   __host__ __device__ int section_slots() const { return section_heads * num_m_blocks; }
 
-  __device__ QueryTile get(const FwdParams& p, int slot) const {
+  __device__ WorkTile get(const FwdParams& p, int slot) const {
     const int heads_per_batch = kKeys ? p.num_heads_k : p.num_heads;
     const int tail_first = p.batch * heads_per_batch - tail_heads;  // the tail section's first pair
     int first, heads;  // this section's first pair and its number of pairs

@@ -20,7 +20,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
 #include "common/mask.h"
-#include "common/registry.h"  // bwd_dkv_accum_offset
+#include "common/bwd_workspace.h"  // bwd_dkv_accum_offset
 #include "common/seqlen.h"
 #include "common/softmax.h"  // softcap
 #include "common/utils.h"
@@ -37,10 +37,10 @@ __host__ __device__ inline int bwd_num_splits(const BwdParams& p) {
   return keys > 0 ? int((keys + kBlockN - 1) / kBlockN) : 1;
 }
 
-// head_splits (registry.h: bwd_head_splits) consecutive blocks share a key block, each with its share of the
+// head_splits (heuristics.h: bwd_head_splits) consecutive blocks share a key block, each with its share of the
 // query-head group; above 1 they add dK and dV into fp32 accumulators instead of storing them.
-// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags; kDropout adds dropout, in a kernel of
-// its own as on the other paths.
+// kExtended (kernel_kind.h; this path runs ALiBi alone on it too): softcap and ALiBi, behind runtime flags;
+// kDropout adds dropout, in a kernel of its own as on the other paths.
 template <class Traits, bool kExtended, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_constant__ BwdParams params,
                                                                    int head_splits) {

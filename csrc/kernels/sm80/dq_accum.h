@@ -5,6 +5,7 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/bwd_workspace.h"
 #include "sm80/kernel_traits.h"
 #include "common/seqlen.h"
 #include "common/tile_scheduler.h"
@@ -12,8 +13,9 @@
 
 namespace flash_attn2 {
 
-// The fp32 dQ accumulator, per (split, head): a row space in which sequence b starts at row
-// start_b + b * kBlockM, so its last, partial kBlockM-row tile ends before the next sequence's first.
+// The fp32 dQ accumulator's SM80 layout (DQLayout::kSm80ThreadMajor in bwd_workspace.h), per (split, head): a
+// row space in which sequence b starts at row start_b + b * kBlockM, so its last, partial kBlockM-row tile ends
+// before the next sequence's first.
 // A tile is stored thread-major: value j of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4,
 // so one warp's 16-byte reductions cover 512 contiguous bytes (4 L2 lines) instead of touching 8 rows
 // each. This returns thread tid's base; its values j .. j + 3 (j % 4 == 0) follow at dq_accum_offset(j),
@@ -21,7 +23,7 @@ namespace flash_attn2 {
 template <class Traits>
 __device__ float* dq_accum_thread(const BwdParams& p, const SeqlenInfo& seq, int bidb, int split, int head, int m_block,
                                   int tid) {
-  const int64_t rows = int64_t(p.total_q) + int64_t(p.batch) * Traits::kBlockM;
+  const int64_t rows = bwd_dq_rows_sm80(p, Traits::kBlockM);
   const int64_t row0 = seq.offset_q(p.seqlen_q, 1, bidb) + (int64_t(bidb) + m_block) * Traits::kBlockM;
   return p.dq_accum + ((int64_t(split) * p.num_heads + head) * rows + row0) * Traits::kHeadDim + tid * 4;
 }
@@ -77,8 +79,8 @@ __device__ __forceinline__ void convert_dq_tile(const BwdParams& p, const Seqlen
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads) convert_dq_kernel(const __grid_constant__ BwdParams params) {
-  const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
-  if (tile.valid) convert_dq_tile<Traits>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
+  const auto tile = TileScheduler<Traits::kBlockM>::get(params);
+  if (tile.valid) convert_dq_tile<Traits>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.block);
 }
 
 }  // namespace flash_attn2

@@ -21,7 +21,7 @@
 namespace flash_attn2 {
 
 // One (kBlockM query rows, batch, head) tile: S = Q K^T -> mask -> online softmax -> O += P V over the
-// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kExtended (fwd_extended): a
+// visible key blocks, then O and the LSE. m_block * kBlockM < seq.len_q. kExtended (kernel_kind.h): a
 // window's left edge, whose blocks mask both edges, softcap and ALiBi; with kDropout (a kernel of its
 // own, as on Hopper) also dropout.
 template <class Traits, bool kExtended, bool kDropout>
@@ -194,14 +194,14 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
 template <class Traits, bool kExtended, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(const __grid_constant__ FwdParams params) {
   if (kDropout && blockIdx.x == 0 && threadIdx.x == 0) Dropout::record(params);
-  const auto tile = QueryTileScheduler<Traits::kBlockM>::get(params);
+  const auto tile = TileScheduler<Traits::kBlockM>::get(params);
   if (params.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's blocks
     const UncoveredRows uncovered(params.cu_seqlens_q, params.batch, params.total_q);
     uncovered.zero_fill(static_cast<typename Traits::Element*>(params.out) + tile.bidh * params.o_head_stride,
                         params.o_row_stride, params.head_dim, params.lse + tile.bidh * params.lse_head_stride,
                         int64_t(tile.rank) * Traits::kNThreads + threadIdx.x, int64_t(tile.ranks) * Traits::kNThreads);
   }
-  if (tile.valid) fwd_tile<Traits, kExtended, kDropout>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.m_block);
+  if (tile.valid) fwd_tile<Traits, kExtended, kDropout>(params, SeqlenInfo(params, tile.bidb), tile.bidb, tile.bidh, tile.block);
 }
 
 }  // namespace flash_attn2

@@ -8,7 +8,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "flash_attn2/flash_attn2.h"
-#include "sm80/tile_sizes.h"
+#include "sm80/tile_size.h"
 #include "common/utils.h"
 
 namespace flash_attn2 {

@@ -12,7 +12,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/block_range.h"
-#include "common/registry.h"  // bwd_dq_turns_offset, bwd_dq_slots, bwd_dq_slot
+#include "common/bwd_workspace.h"  // bwd_dq_turns_offset, bwd_dq_slots, bwd_dq_slot
 
 namespace flash_attn2::sm90 {
 

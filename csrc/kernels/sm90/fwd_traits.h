@@ -15,8 +15,8 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/tile_scheduler.h"
-#include "sm90/scheduler_sm90.h"
-#include "sm90/tile_sizes_sm90.h"
+#include "sm90/scheduler.h"
+#include "sm90/tile_size.h"
 
 namespace flash_attn2 {
 

@@ -3,13 +3,13 @@
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
-#include "sm90/bwd_traits_sm90.h"
+#include "sm90/bwd_traits.h"
 
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/block_range.h"
-#include "common/registry.h"  // bwd_lse_log2_offset, bwd_dkv_accum_offset
+#include "common/bwd_workspace.h"
 #include "common/seqlen.h"
 #include "common/tile_scheduler.h"
 #include "common/utils.h"
@@ -87,7 +87,7 @@ struct BwdWork {
 
   // With head splits, consecutive slots share a key block, split s of them taking part s of the query-head
   // group.
-  __device__ BwdWork(const BwdParams& p, const QueryTile& tile, int head_splits, int split)
+  __device__ BwdWork(const BwdParams& p, const WorkTile& tile, int head_splits, int split)
       : bidb(tile.bidb), bidh_k(tile.bidh), seq(p, tile.bidb), window(seq.len_q, seq.len_k, p),
         varlen(p.cu_seqlens_q != nullptr) {
     constexpr int kBlockN = Traits::kBlockN;
@@ -95,7 +95,7 @@ struct BwdWork {
     h0 = (bidh_k * head_splits + split) * heads;
     // The slots hand out each head's blocks last first (the forward's longest causal tiles); for keys the
     // first block is seen by the most query rows, so the order is reversed: longest work first.
-    n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.m_block;
+    n_block = (seq.len_k + kBlockN - 1) / kBlockN - 1 - tile.block;
     blocks = bwd_block_range<Traits::kBlockM, kBlockN>(window, n_block);
     steps = heads * max(0, blocks.m_max - blocks.m_min);
     batch_index = varlen ? 0 : bidb;

@@ -8,7 +8,7 @@
 // warpgroup's own rows of K and V, after which kv_empty lets those in.
 #pragma once
 
-#include "sm90/bwd_work_sm90.h"
+#include "sm90/bwd_work.h"
 
 #include "common/alibi.h"
 #include "common/dropout.h"

@@ -1,7 +1,7 @@
-"""Build knobs and preflight checks for setup.py.
+"""Build knobs and preflight checks for setup.py (and the rules CMakeLists.txt mirrors).
 
-Importable without torch or the extension (setup.py loads this file directly), so the CPU tests can
-exercise every rule here.
+Not part of the installed package: setup.py and the tests load this file by path, without torch or the
+extension, so the CPU tests can exercise every rule here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ DTYPES = ("fp16", "bf16")
 MIN_ARCH = 80  # the kernels use SM80 tensor-core MMA (mma.sync), valid on sm_80 and newer
 DEFAULT_ARCHS = ("80", "90")  # with PTX for the newest, when no GPU is visible at build time
 HOPPER = "90"  # the arch of the sm_90a forward (csrc/kernels/sm90/)
-BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)  # the Hopper backward's kernels (registry.h: has_bwd_sm90)
+# The head dims the Hopper backward has kernels for (csrc/instantiations/bwd_hdim*_sm90.cu): the one list, which
+# CMakeLists.txt reads from this line and dispatch.cpp gets as FLASH_ATTN2_SM90_BWD_HEAD_DIMS.
+BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 GB = 1 << 30
 # Peak resident memory of one nvcc job, nvcc 13.0 (benchmarks/dev/nvcc_mem.py): the SM80 backward files
 # compiled for sm_90 (FLASH_ATTN2_SM80=1) 4.7-5.0 GiB at head dim 96-128, the Hopper backward's at head dim 256
@@ -126,8 +128,6 @@ def kernel_paths(archs: list[str], env=os.environ) -> list[str]:
     """Which kernel paths to build, forward and backward alike: "sm90" (TMA + wgmma) for an sm_90 target,
     "sm80" (mma.sync) for every other target, and on an sm_90-only build too when FLASH_ATTN2_SM80=1
     (comparison, fallback)."""
-    if env.get("FLASH_ATTN2_SM80_FWD", "0").strip() not in ("", "0"):
-        raise ValueError("FLASH_ATTN2_SM80_FWD is now FLASH_ATTN2_SM80 (it adds the SM80 forward and backward)")
     nums = [a.replace("+PTX", "") for a in archs]
     paths = []
     if any(n != HOPPER for n in nums) or env.get("FLASH_ATTN2_SM80", "0") not in ("", "0"):
@@ -139,7 +139,7 @@ def kernel_paths(archs: list[str], env=os.environ) -> list[str]:
 
 def bwd_sm90_kernel_dim(head_dim: int) -> int:
     """The Hopper backward kernel serving a head dim: its own, or for 160 and 224 the 192 / 256 one
-    (registry.h: bwd_sm90_kernel_dim)."""
+    (dispatch.cpp: bwd_sm90_kernel_dim)."""
     return next(d for d in BWD_SM90_HEAD_DIMS if d >= head_dim)
 
 
@@ -175,7 +175,8 @@ def kernel_definitions(head_dims: list[int], dtypes: list[str], paths=("sm80",))
             f"-DFLASH_ATTN2_COMPILED_FP16={int('fp16' in dtypes)}",
             f"-DFLASH_ATTN2_COMPILED_BF16={int('bf16' in dtypes)}",
             f"-DFLASH_ATTN2_COMPILED_SM80={int('sm80' in paths)}",
-            f"-DFLASH_ATTN2_COMPILED_SM90={int('sm90' in paths)}"]
+            f"-DFLASH_ATTN2_COMPILED_SM90={int('sm90' in paths)}",
+            f"-DFLASH_ATTN2_SM90_BWD_HEAD_DIMS={','.join(map(str, BWD_SM90_HEAD_DIMS))}"]
 
 
 class PreflightError(RuntimeError):

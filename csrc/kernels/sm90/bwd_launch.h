@@ -1,15 +1,17 @@
-// Launcher for one (head dim, dtype) Hopper backward: TMA descriptors, the main kernel, then dQ from its
-// fp32 accumulator (and, with head splits, dK and dV from theirs; bwd_aux.cu converts both). The
-// preprocess (D = rowsum(dO o O) and LSE * log2(e) side by side, zeroed dq_accum) runs before, as for SM80.
+// Launcher for one (head dim, dtype) Hopper backward: the kernel of the call's kind on its tile
+// (sm90/tile_size.h), its TMA descriptors and grid, then dQ from its fp32 accumulator (and, with head splits,
+// dK and dV from theirs; bwd_aux.cu converts both). The preprocess (D = rowsum(dO o O) and LSE * log2(e) side
+// by side, zeroed dq_accum) runs before, as for SM80.
 #pragma once
 
 #include <algorithm>
 #include <climits>
 #include <type_traits>
 
+#include "common/bwd_workspace.h"
 #include "common/launch.h"
-#include "common/registry.h"
-#include "sm90/bwd_kernel_sm90.h"
+#include "common/launchers.h"
+#include "sm90/bwd_kernel.h"
 #include "sm90/tma.h"
 
 namespace flash_attn2 {
@@ -22,15 +24,16 @@ typename Traits::TmaRows make_tma_rows(const float* ptr, int64_t elements) {
   return make_tma_copy(SM90_TMA_LOAD{}, t, typename Traits::SmemLayoutRows{});
 }
 
-template <class Traits, bool kExtended, bool kDropout = false>
-cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStream_t stream) {
+template <class Traits, bool kExtended, bool kDropout>
+cudaError_t launch_bwd_sm90_traits(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   constexpr int kHeadDim = Traits::kHeadDim;
-  const int64_t key_blocks = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
+  const int head_splits = plan.head_splits;
+  const int64_t key_blocks = TileScheduler<Traits::kBlockN, /*kKeys=*/true>::num_blocks(p);
   if (key_blocks == 0) return cudaSuccess;
   const int64_t num_blocks = key_blocks * head_splits;
   if (num_blocks > INT_MAX / 2) return cudaErrorInvalidValue;  // the blocks' last claims run past it by a grid
   auto kernel = &bwd_kernel_sm90<Traits, kExtended, kDropout>;
-  if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
+  if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes, plan.device)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
   const int64_t rows_extent = bwd_tile_counter_offset(p);  // D and LSE
   if (rows_extent > INT_MAX) return cudaErrorInvalidValue;  // TMA coordinates are int
@@ -68,8 +71,8 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
   // 3-15% faster, 512 unchanged; with GQA (Gemma-2, group 2) 1-3% slower, and d 128 measured either way in
   // two runs: TUNING 42). At least two sections: a single one is the rank-major order that loses L2
   // (TUNING 41). The narrow shape goes pair by pair but for the last two pairs, interleaved, where one pair's
-  // Q, dO and dQ-accumulator rows fit in L2: GQA at d 64 4% faster, Llama-3-8B 8k 2% (34 MB a pair);
-  // Qwen2.5-7B 8k (59 MB a pair) 0-3% slower, and 5% with three pairs (TUNING 84).
+  // Q, dO and dQ-accumulator rows fit in L2 (heuristics.h: bwd_causal_pair_fits_l2; three pairs were 5% slower
+  // at Qwen2.5-7B 8k, TUNING 84).
   constexpr int kWideCausalSection = 8, kNarrowCausalTail = 2;
   const int pairs = p.batch * p.num_heads_k;
   const int key_blocks_per_pair = int((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
@@ -79,10 +82,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
         args.causal_keys = {key_blocks_per_pair, kWideCausalSection, 0};
       }
     } else {
-      int l2_bytes = 0;
-      if (cudaError_t err = device_l2_bytes(&l2_bytes)) return err;
-      const int64_t pair_bytes = int64_t(p.num_heads / p.num_heads_k) * p.seqlen_q * bwd_row_bytes(kHeadDim);
-      if (pairs >= kNarrowCausalTail && pair_bytes <= l2_bytes) {
+      if (pairs >= kNarrowCausalTail && plan.causal_pair_fits_l2) {
         args.causal_keys = {key_blocks_per_pair, 1, kNarrowCausalTail};
       }
     }
@@ -91,11 +91,7 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
   // Persistent: one block per SM (one fits), claiming slots as it frees up. Deterministic mode keeps one block
   // per slot: its dQ turns wait only for lower-numbered blocks, which start first (dq_turns.h).
   int grid = int(num_blocks);
-  if (p.num_splits == 0) {
-    int num_sms = 0;
-    if (cudaError_t err = device_sm_count(&num_sms)) return err;
-    grid = int(std::min<int64_t>(num_blocks, num_sms));
-  }
+  if (p.num_splits == 0) grid = int(std::min<int64_t>(num_blocks, plan.device.num_sms));
   if (cudaError_t err = launch_after(kernel, dim3(unsigned(grid)), dim3(Traits::kNThreads), Traits::kSmemBytes,
                                      stream, args)) {
     return err;
@@ -105,27 +101,29 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, int head_splits, cudaStre
   return head_splits > 1 ? launch_bwd_convert_dkv(p, kHeadDim, stream) : cudaSuccess;
 }
 
-// The extended kernel at d 64 takes 64 query rows per step: with 128 its softcap / ALiBi registers spilled
-// 344 B (the plain kernel 156). And it waits for both GEMMs before one pass over P and dS, where the plain
-// pipeline forms P^T while dP^T runs. So ALiBi alone, which changes P but not dS = P (dP - D), gets a fourth
-// kernel at d 64 and 128: the plain one with the bias added to S^T, 9-16% faster (TUNING 74-75).
+template <int kHeadDim, DType kDType, Kind kKind>
+cudaError_t launch_bwd_sm90_kind(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  using Traits = BwdTraitsSm90For<kHeadDim, ElementOf<kDType>, kKind>;
+  return launch_bwd_sm90_traits<Traits, is_extended(kKind), kKind == Kind::kDropout>(p, plan, stream);
+}
+
+// The kernel of the call's kind at this head dim (bwd_kind_sm90: ALiBi alone has a plain kernel at d 64 / 128).
 template <int kHeadDim, DType kDType>
-cudaError_t launch_bwd_sm90(const BwdParams& p, int head_splits, cudaStream_t stream) {
-  using Element = ElementOf<kDType>;
-  using Traits = BwdTraitsSm90For<kHeadDim, Element>;
-  using TraitsExtended = std::conditional_t<kHeadDim == 64, BwdTraitsSm90<64, Element, 64>, Traits>;
-  if (p.dropout_p > 0.f) return launch_bwd_sm90_traits<TraitsExtended, true, true>(p, head_splits, stream);
-  if constexpr (kHeadDim == 64 || kHeadDim == 128) {
-    if (p.alibi_slopes != nullptr && p.softcap == 0.f) {
-      using TraitsAlibi = BwdTraitsSm90<kHeadDim, Element, Traits::kBlockM, /*kPlainAlibi=*/true>;
-      return launch_bwd_sm90_traits<TraitsAlibi, false>(p, head_splits, stream);
-    }
+cudaError_t launch_bwd_sm90(const BwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  switch (bwd_kind_sm90(kHeadDim, plan.kind)) {
+    case Kind::kDropout: return launch_bwd_sm90_kind<kHeadDim, kDType, Kind::kDropout>(p, plan, stream);
+    case Kind::kExtended: return launch_bwd_sm90_kind<kHeadDim, kDType, Kind::kExtended>(p, plan, stream);
+    case Kind::kPlainAlibi:
+      if constexpr (bwd_kind_sm90(kHeadDim, Kind::kPlainAlibi) == Kind::kPlainAlibi) {
+        return launch_bwd_sm90_kind<kHeadDim, kDType, Kind::kPlainAlibi>(p, plan, stream);
+      }
+      return cudaErrorInvalidValue;  // not reached: bwd_kind_sm90 maps it to kExtended here
+    default: return launch_bwd_sm90_kind<kHeadDim, kDType, Kind::kPlain>(p, plan, stream);
   }
-  return bwd_extended(p) ? launch_bwd_sm90_traits<TraitsExtended, true>(p, head_splits, stream)
-                         : launch_bwd_sm90_traits<Traits, false>(p, head_splits, stream);
 }
 
 }  // namespace flash_attn2
 
-#define FLASH_ATTN2_INSTANTIATE_BWD_SM90(HEAD_DIM, DTYPE) \
-  template cudaError_t flash_attn2::launch_bwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::BwdParams&, int, cudaStream_t);
+#define FLASH_ATTN2_INSTANTIATE_BWD_SM90(HEAD_DIM, DTYPE)                                                   \
+  template cudaError_t flash_attn2::launch_bwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(                \
+      const flash_attn2::BwdParams&, const flash_attn2::LaunchPlan&, cudaStream_t);

@@ -8,7 +8,7 @@
 //   reduce-add of rows; scaled and converted afterwards).
 #pragma once
 
-#include "sm90/bwd_work_sm90.h"
+#include "sm90/bwd_work.h"
 
 #include "common/alibi.h"
 #include "common/dropout.h"

@@ -1,7 +1,7 @@
 // Which tile slots (common/tile_scheduler.h) a persistent Hopper block computes, and how its producer warp
 // tells the other warps: all know the block's first slot; the producer walks on and publishes each next slot
 // (then one past the last) with its tile in a small shared-memory ring. The forward walks with SlotWalk; the
-// backward claims its slots itself (bwd_kernel_sm90.h) and shares the ring.
+// backward claims its slots itself (bwd_kernel.h) and shares the ring.
 #pragma once
 
 #include <cstring>
@@ -52,7 +52,7 @@ struct SlotWalk {
 // A slot and its tile (invalid past the last slot).
 struct SlotTile {
   int slot;
-  QueryTile tile;
+  WorkTile tile;
 };
 
 // The producer's slots on their way to the consumer warpgroups, each with its tile: the slot-to-tile maps

@@ -7,12 +7,12 @@
 // before this block's P V, the warpgroups taking turns at the tensor cores. A consumer visits only the key
 // blocks its rows see, and frees its Q slab and stores its O rows (TMA for fixed length) on its own. A
 // persistent grid walks the tiles (fixed length), the producer handing each to the consumers
-// (sm90/scheduler_sm90.h: causal tiles go to blocks as they free up). Block ranges, masks, softmax,
+// (sm90/scheduler.h: causal tiles go to blocks as they free up). Block ranges, masks, softmax,
 // sequence lengths and the slot-to-tile maps are the SM80 kernel's.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
-#include "sm90/fwd_traits_sm90.h"
+#include "sm90/fwd_traits.h"
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
@@ -21,8 +21,8 @@
 #include "common/block_range.h"
 #include "common/seqlen.h"
 #include "common/tile_scheduler.h"
-#include "sm90/fwd_mainloop_sm90.h"
-#include "sm90/scheduler_sm90.h"
+#include "sm90/fwd_mainloop.h"
+#include "sm90/scheduler.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2 {
@@ -33,7 +33,7 @@ template <class Traits, bool kExtended, bool kDropout = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
-  using Scheduler = QueryTileScheduler<Traits::kBlockM>;
+  using Scheduler = TileScheduler<Traits::kBlockM>;
   extern __shared__ __align__(1024) char smem_buf[];
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const FwdParams& p = args.params;
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
   const SlotWalk first_walk{num_slots, args.causal_order ? args.causal_tiles.section_slots() : num_slots,
                             int(gridDim.x), int(blockIdx.x), args.tile_counter};
   auto slot_tile = [&](int slot) -> SlotTile {
-    if (slot >= num_slots) return {slot, QueryTile{}};
+    if (slot >= num_slots) return {slot, WorkTile{}};
     return {slot, args.causal_order ? args.causal_tiles.get(p, slot) : Scheduler::get(p, slot)};
   };
   if (warpgroup == 0) {
@@ -79,13 +79,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     uint32_t q_phase = 0;
     for (SlotTile next = slot_tile(walk.first()); next.slot < num_slots;) {
       const int claimed = walk.claim();
-      const QueryTile& tile = next.tile;
+      const WorkTile& tile = next.tile;
       if (tile.valid) {
         const SeqlenInfo seq(p, tile.bidb);
         const BlockRange blocks =
-            fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.m_block);
+            fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
         if (blocks.n_max > blocks.n_min) {
-          fwd_produce_tile<Traits, kExtended>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, state, q_phase, leader);
+          fwd_produce_tile<Traits, kExtended>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, state, q_phase, leader);
           q_phase ^= 1;
         }
       }
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
     PipelineState slot_state;
     SlotWalk walk = first_walk;
     for (SlotTile next = slot_tile(walk.first()); next.slot < num_slots; next = smem.slots.receive(slot_state)) {
-      const QueryTile& tile = next.tile;
+      const WorkTile& tile = next.tile;
       if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots
         const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
         uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride,
@@ -115,12 +115,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       if (!tile.valid) continue;
       const SeqlenInfo seq(p, tile.bidb);
       const BlockRange blocks =
-          fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.m_block);
+          fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
       if (blocks.n_max <= blocks.n_min) {
-        fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.m_block, thread);
+        fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.block, thread);
         continue;
       }
-      fwd_consume_tile<Traits, kExtended, kDropout>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.m_block, thread, k_state, v_state, q_phase);
+      fwd_consume_tile<Traits, kExtended, kDropout>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, thread, k_state, v_state, q_phase);
       q_phase ^= 1;
     }
     if (thread % 128 == 0) cute::tma_store_wait<0>();  // shared memory must outlive the last O store's reads

@@ -1,6 +1,6 @@
-// Launcher for one (head dim, dtype) Hopper forward kernel: builds the TMA descriptors on the host, picks
-// the grid (persistent or one block per tile) and the causal tile order, then launches. Each
-// csrc/instantiations/fwd_*_sm90.cu instantiates one.
+// Launcher for one (head dim, dtype) Hopper forward: the kernel of the call's kind on its tile
+// (sm90/tile_size.h), its TMA descriptors, the grid (persistent or one block per tile) and the causal tile
+// order. Each csrc/instantiations/fwd_*_sm90.cu instantiates one.
 #pragma once
 
 #include <algorithm>
@@ -8,37 +8,20 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/registry.h"
-#include "sm90/fwd_kernel_sm90.h"
+#include "common/launch.h"
+#include "common/launchers.h"
+#include "sm90/fwd_kernel.h"
 #include "sm90/tma.h"
 
 namespace flash_attn2 {
 
-// A (head dim, dtype)'s three kernels, as bits: which one a call runs (fwd_kind), and which a tile's traits
-// build (all, or where the tiles differ, FwdShortTileSm90 and FwdDropoutTileSm90, the ones they serve).
-enum FwdKernels : int { kFwdPlain = 1, kFwdExtended = 2, kFwdDropout = 4, kFwdAll = 7 };
-
-inline FwdKernels fwd_kind(const FwdParams& p) {
-  return p.dropout_p > 0.f ? kFwdDropout : fwd_extended(p) ? kFwdExtended : kFwdPlain;
-}
-
-template <class Traits, int kKernels = kFwdAll>
-cudaError_t launch_fwd_sm90_traits(const FwdParams& p, FwdKernels kind, cudaStream_t stream) {
-  const int64_t num_blocks = QueryTileScheduler<Traits::kBlockM>::num_blocks(p);
+template <class Traits, Kind kKind>
+cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  const int64_t num_blocks = TileScheduler<Traits::kBlockM>::num_blocks(p);
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
-  decltype(&fwd_kernel_sm90<Traits, false>) kernel = nullptr;
-  if constexpr ((kKernels & kFwdDropout) != 0) {
-    if (kind == kFwdDropout) kernel = &fwd_kernel_sm90<Traits, true, true>;
-  }
-  if constexpr ((kKernels & kFwdExtended) != 0) {
-    if (kind == kFwdExtended) kernel = &fwd_kernel_sm90<Traits, true>;
-  }
-  if constexpr ((kKernels & kFwdPlain) != 0) {
-    if (kind == kFwdPlain) kernel = &fwd_kernel_sm90<Traits, false>;
-  }
-  if (kernel == nullptr) return cudaErrorInvalidValue;  // a caller's mistake: this tile does not build it
-  if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes)) return err;
+  auto kernel = &fwd_kernel_sm90<Traits, is_extended(kKind), kKind == Kind::kDropout>;
+  if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes, plan.device)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
   sm90::tma_encode_failed = false;
@@ -62,18 +45,14 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, FwdKernels kind, cudaStre
   };
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   // Fixed length: a persistent grid, one block per SM (at most one fits) walking the slots
-  // (sm90/scheduler_sm90.h); causal tiles longest first in L2-sized sections of heads (CausalTileOrder),
+  // (sm90/scheduler.h); causal tiles longest first in L2-sized sections of heads (CausalTileOrder),
   // handed out as blocks free up where the caller gave a tile counter. Varlen: one block per slot, which
   // the hardware hands out as SMs free up (tiles differ in work with the sequences); so does causal above
   // Traits::kPersistentCausalMax (kPersistentCausalMaxStatic without a tile counter).
   const int causal_max = p.tile_counter != nullptr ? Traits::kPersistentCausalMax : Traits::kPersistentCausalMaxStatic;
   const bool persistent = !varlen && !(p.causal && p.seqlen_q > causal_max);
   int grid = int(num_blocks);
-  if (persistent) {
-    int num_sms = 0;
-    if (cudaError_t err = device_sm_count(&num_sms)) return err;
-    grid = num_blocks < num_sms ? int(num_blocks) : num_sms;
-  }
+  if (persistent) grid = num_blocks < plan.device.num_sms ? int(num_blocks) : plan.device.num_sms;
   args.causal_order = persistent && p.causal && grid < num_blocks;
   if (args.causal_order) {
     // Sections of about two waves of tiles, at most 16 MB of K and V (a query head's share: its KV head
@@ -106,31 +85,29 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, FwdKernels kind, cudaStre
   return cudaGetLastError();
 }
 
-template <int kHeadDim, DType kDType>
-cudaError_t launch_fwd_sm90(const FwdParams& p, cudaStream_t stream) {
+template <int kHeadDim, DType kDType, Kind kKind>
+cudaError_t launch_fwd_sm90_kind(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
   using Element = ElementOf<kDType>;
-  using Main = FwdTraitsSm90<kHeadDim, Element, typename FwdTileSm90<kHeadDim>::type>;
-  using Short = FwdShortTileSm90<kHeadDim>;
-  const FwdKernels kind = fwd_kind(p);
-  if constexpr (!std::is_void_v<typename Short::type>) {
-    if (kind == kFwdPlain && p.causal && p.cu_seqlens_q == nullptr && p.seqlen_q <= Short::kMaxSeqlenQ) {
-      using ShortTraits = FwdTraitsSm90<kHeadDim, Element, typename Short::type>;
-      return launch_fwd_sm90_traits<ShortTraits, kFwdPlain>(p, kind, stream);
+  if constexpr (kKind == Kind::kPlain && fwd_short_causal_max_seqlen_q_sm90(kHeadDim) > 0) {
+    if (p.causal && p.cu_seqlens_q == nullptr && p.seqlen_q <= fwd_short_causal_max_seqlen_q_sm90(kHeadDim)) {
+      using Short = FwdTraitsSm90<kHeadDim, Element, FwdTileForSm90<kHeadDim, kKind, /*kShortCausal=*/true>>;
+      return launch_fwd_sm90_traits<Short, kKind>(p, plan, stream);
     }
   }
-  using DropoutTile = typename FwdDropoutTileSm90<kHeadDim>::type;
-  if constexpr (!std::is_void_v<DropoutTile>) {
-    if (kind == kFwdDropout) {
-      using DropoutTraits = FwdTraitsSm90<kHeadDim, Element, DropoutTile>;
-      return launch_fwd_sm90_traits<DropoutTraits, kFwdDropout>(p, kind, stream);
-    }
-    return launch_fwd_sm90_traits<Main, kFwdPlain | kFwdExtended>(p, kind, stream);
-  } else {
-    return launch_fwd_sm90_traits<Main>(p, kind, stream);
+  return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, Element, FwdTileForSm90<kHeadDim, kKind>>, kKind>(p, plan, stream);
+}
+
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_sm90(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  switch (plan.kind) {
+    case Kind::kDropout: return launch_fwd_sm90_kind<kHeadDim, kDType, Kind::kDropout>(p, plan, stream);
+    case Kind::kExtended: return launch_fwd_sm90_kind<kHeadDim, kDType, Kind::kExtended>(p, plan, stream);
+    default: return launch_fwd_sm90_kind<kHeadDim, kDType, Kind::kPlain>(p, plan, stream);
   }
 }
 
 }  // namespace flash_attn2
 
-#define FLASH_ATTN2_INSTANTIATE_FWD_SM90(HEAD_DIM, DTYPE) \
-  template cudaError_t flash_attn2::launch_fwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(const flash_attn2::FwdParams&, cudaStream_t);
+#define FLASH_ATTN2_INSTANTIATE_FWD_SM90(HEAD_DIM, DTYPE)                                                   \
+  template cudaError_t flash_attn2::launch_fwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(                \
+      const flash_attn2::FwdParams&, const flash_attn2::LaunchPlan&, cudaStream_t);

@@ -12,15 +12,16 @@
 // Head dim > 128 (BwdTraitsSm90Wide): see its comment below.
 #pragma once
 
-// wgmma N = 80, 112, ... must come before any CuTe header (see fwd_traits_sm90.h).
+// wgmma N = 80, 112, ... must come before any CuTe header (see fwd_traits.h).
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 
 #include <cute/tensor.hpp>
 
-#include "common/registry.h"
+#include "common/kernel_kind.h"
 #include "common/tile_scheduler.h"  // CausalTileOrder
 #include "flash_attn2/flash_attn2.h"
-#include "sm90/scheduler_sm90.h"  // SlotRing
+#include "sm90/scheduler.h"  // SlotRing
+#include "sm90/tile_size.h"
 #include "sm90/tma.h"  // before TmaRows, whose make_tma_copy depends on no template parameter
 
 namespace flash_attn2 {
@@ -124,14 +125,14 @@ struct DQReduceTma<true, GmemTensor, SmemLayout, Tile> {
 template <int kHeadDim, int kBlockM>
 constexpr int bwd_dq_cols_sm90() { return kBlockM == 128 ? kHeadDim : kHeadDim / 2; }
 
-template <int kHeadDim_, typename Element_, int kBlockM_ = (kHeadDim_ <= 64 ? 128 : 64), bool kPlainAlibi_ = false>
+template <int kHeadDim_, typename Element_, int kBlockM_, bool kPlainAlibi_>
 struct BwdTraitsSm90
     : BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, bwd_dq_cols_sm90<kHeadDim_, kBlockM_>()> {
   using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, kBlockM_, kBwdBlockNSm90, 2, bwd_dq_cols_sm90<kHeadDim_, kBlockM_>()>;
   using Element = Element_;
   static constexpr bool kWide = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = kBlockM_, kBlockN = kBwdBlockNSm90;
-  // A plain kernel that adds ALiBi's bias to S^T (launch_bwd_sm90: ALiBi alone at d 64 / 128, where the
+  // A plain kernel that adds ALiBi's bias to S^T (Kind::kPlainAlibi: ALiBi alone at d 64 / 128, where the
   // extended kernel waits for both GEMMs); a kernel of its own, as the bias's registers slowed the plain one
   // (TUNING 73).
   static constexpr bool kPlainAlibi = kPlainAlibi_;
@@ -141,7 +142,7 @@ struct BwdTraitsSm90
   // 128 x 24 + 256 x 240 = 384 x 168, what the block holds from launch: setmaxnreg.inc past it waits forever.
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "dK and dV of 64 keys stay in registers up to head dim 128");
-  static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop_sm90.h)");
+  static_assert(Base::kStagesdO == Base::kStages, "Q and dO share one ring (bwd_mainloop.h)");
   static constexpr bool kDQByRows = kBlockM == 128;
   static constexpr int kDQRows = kDQByRows ? 64 : kBlockM, kDQCols = Base::kDQCols;  // one warpgroup's share of dQ
   static constexpr int kDQParts = 1;  // dQ stagings per warpgroup and step
@@ -153,7 +154,7 @@ struct BwdTraitsSm90
   static constexpr int kDSBuffers = kDeferDQ ? 3 : 2;
   // 128-row steps at d <= 64: a warpgroup's dK and dV (64 x D each) fit its keys' half of a dS^T buffer (64 x
   // kBlockM, one contiguous block: dS's atoms tile M first), where the epilogue stages them instead of in K
-  // and V, so that the next key block's K and V load while it runs (bwd_mainloop_sm90.h).
+  // and V, so that the next key block's K and V load while it runs (bwd_mainloop.h).
   static constexpr bool kDKVInDS = !kDeferDQ && 2 * kHeadDim <= kBlockM;
 
   using TileSt = cute::Shape<cute::_64, cute::Int<kBlockM>>;  // one warpgroup's S^T: (its keys, queries)
@@ -218,7 +219,7 @@ struct BwdTraitsSm90
 // kDRows columns, 32 at a time, staged for a TMA reduce-add into dq_accum. 80 keys per block at
 // d 256 leave room for one dO stage only (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
 // which bound the 64-key version (L2 at 76% of its throughput).
-template <int kHeadDim_, typename Element_, int kGroups_ = (kHeadDim_ == 192 ? 3 : 2), int kKeys_ = (kHeadDim_ == 192 ? 32 : 40)>
+template <int kHeadDim_, typename Element_, int kGroups_, int kKeys_>
 struct BwdTraitsSm90Wide
     : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, /*kDQCols=*/32, /*kStagesdO=*/1> {
   static constexpr int kConsumerWarpgroups = kGroups_;
@@ -282,10 +283,12 @@ struct BwdTraitsSm90Wide
   static_assert(kSmemBytes <= 227 * 1024, "over the sm_90 opt-in shared memory per block");
 };
 
-// The backward's traits for a head dim.
-template <int kHeadDim, typename Element>
-using BwdTraitsSm90For = std::conditional_t<(kHeadDim <= 128), BwdTraitsSm90<kHeadDim, Element>,
-                                            BwdTraitsSm90Wide<kHeadDim, Element>>;
+// The traits of the kernel of kind kKind (bwd_kind_sm90's answer) at a head dim, from the tile table.
+template <int kHeadDim, typename Element, Kind kKind>
+using BwdTraitsSm90For = std::conditional_t<
+    bwd_tile_sm90(kHeadDim, kKind).wide,
+    BwdTraitsSm90Wide<kHeadDim, Element, bwd_tile_sm90(kHeadDim, kKind).groups, bwd_tile_sm90(kHeadDim, kKind).keys>,
+    BwdTraitsSm90<kHeadDim, Element, bwd_tile_sm90(kHeadDim, kKind).block_m, kKind == Kind::kPlainAlibi>>;
 
 template <class Traits>
 struct BwdArgsSm90 {
@@ -299,10 +302,10 @@ struct BwdArgsSm90 {
   // Blocks per (key block, kv head), each taking group / head_splits of the query heads; above 1 they add
   // dK and dV into fp32 accumulators after dq_accum's region (bwd_dkv_accum_offset), converted afterwards.
   int head_splits;
-  // Causal key blocks longest first in sections of (batch, kv head) pairs (bwd_launch_sm90.h says how);
-  // section_heads 0: pair by pair (QueryTileScheduler's order).
+  // Causal key blocks longest first in sections of (batch, kv head) pairs (bwd_launch.h says how);
+  // section_heads 0: pair by pair (TileScheduler's order).
   CausalTileOrder<true> causal_keys;
-  int* tile_counter;  // the slots claimed so far past the grid's first (bwd_kernel_sm90.h)
+  int* tile_counter;  // the slots claimed so far past the grid's first (bwd_kernel.h)
 };
 
 }  // namespace flash_attn2

@@ -1,10 +1,10 @@
 // The roles of one Hopper forward block on one tile: the producer's TMA loads (fwd_produce_tile) and a
-// consumer warpgroup's mainloop and epilogue (fwd_consume_tile, fwd_store_empty_tile). fwd_kernel_sm90.h
+// consumer warpgroup's mainloop and epilogue (fwd_consume_tile, fwd_store_empty_tile). fwd_kernel.h
 // walks the tiles and hands them out; its comment describes the pipeline.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
-#include "sm90/fwd_traits_sm90.h"
+#include "sm90/fwd_traits.h"
 
 #include <cute/tensor.hpp>
 
@@ -143,7 +143,7 @@ __device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, 
 // the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
-// kExtended (fwd_extended): a window's left edge, whose blocks mask both edges, softcap and ALiBi; with
+// kExtended (kernel_kind.h): a window's left edge, whose blocks mask both edges, softcap and ALiBi; with
 // kDropout also dropout.
 template <class Traits, bool kExtended, bool kDropout>
 __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
@@ -205,7 +205,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // 0 x NaN is NaN, so their V rows are zeroed before any P V reads them: by the last warpgroup that
   // reads the block, while the others that read it wait at a barrier. Fixed length gets zeros from TMA's
   // out-of-bounds fill. Called after the first S = Q K^T, outside the ping-pong turns. The barrier's count
-  // changes from tile to tile: safe because varlen grids are one block per tile (fwd_launch_sm90.h), so no
+  // changes from tile to tile: safe because varlen grids are one block per tile (fwd_launch.h), so no
   // warpgroup can reach it for the next tile while others wait in this one.
   auto zero_v_tail = [&](int tail) {
     int readers = 0, zeroer = 0;
@@ -236,7 +236,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // Dropout's keep bits for block n, one per score, drawn after the block's GEMMs are issued and before
   // waiting for S: the Philox rounds run while the tensor cores do, off the softmax's critical path. Only
   // where registers allow: three consumer warpgroups or O's 96-128 registers (d >= 192) spill more and lose
-  // to the draw after the row sums (TUNING 57); d 64's dropout kernel has two (FwdDropoutTileSm90).
+  // to the draw after the row sums (TUNING 57); d 64's dropout kernel has two (sm90/tile_size.h).
   constexpr bool kDrawEarly = kDropout && Traits::kConsumerWarpgroups == 2 && Traits::kHeadDim <= 128;
   constexpr int kKeyBlocks = kBlockN / 16, kBitWords = (kKeyBlocks + 3) / 4;
   static_assert(kBlockN % 16 == 0 && decltype(size<0>(S))::value == 2, "one 16-row tile per warp, whole 16-key blocks");

@@ -6,24 +6,24 @@
 // every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
 // LSE) and dO[m] into their rings; its next warps, one per consumer warpgroup, add that warpgroup's staged
 // dQ shares to the fp32 accumulator (the TMA unit's reduce-add). The further warpgroups consume the ring: at head dim
-// <= 128 each owns 64 of the keys (bwd_mainloop_sm90.h), above it each owns a slice of the head dim
-// (bwd_mainloop_wide_sm90.h). dQ leaves through dq_accum, scaled and converted by a second kernel. dK
+// <= 128 each owns 64 of the keys (bwd_mainloop.h), above it each owns a slice of the head dim
+// (bwd_mainloop_wide.h). dQ leaves through dq_accum, scaled and converted by a second kernel. dK
 // and dV of the group's heads sum in registers; with few key blocks (GQA, MQA: bwd_head_splits) a
 // group's query heads split over consecutive blocks, which add their dK and dV shares into fp32
 // accumulators instead, converted by a third kernel.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
-#include "sm90/bwd_traits_sm90.h"
+#include "sm90/bwd_traits.h"
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "common/launch.h"
 
-#include "sm90/bwd_mainloop_sm90.h"
-#include "sm90/bwd_mainloop_wide_sm90.h"
-#include "sm90/bwd_work_sm90.h"
+#include "sm90/bwd_mainloop.h"
+#include "sm90/bwd_mainloop_wide.h"
+#include "sm90/bwd_work.h"
 #include "sm90/dq_turns.h"
 
 namespace flash_attn2 {
@@ -197,7 +197,7 @@ __device__ void bwd_write_dq(const BwdArgsSm90<Traits>& args, typename Traits::S
 
 }  // namespace sm90
 
-// kExtended (bwd_extended): softcap and ALiBi, behind runtime flags; kDropout adds dropout in a kernel of its
+// kExtended (kernel_kind.h): softcap and ALiBi, behind runtime flags; kDropout adds dropout in a kernel of its
 // own, so that softcap and ALiBi keep their registers (its draws cost the d 128 extended kernel 64 B of
 // spills: TUNING 53).
 template <class Traits, bool kExtended, bool kDropout = false>
@@ -248,11 +248,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel_sm90(const __
   // claims one after each tile's loads and publishes it (smem.slots) to the other warps, then one past the
   // last. Every role maps slots to tiles itself, from opaque inputs: what the compiler could share between
   // the roles it would compute before they part and hold in the producer's 24 registers through its loops.
-  using Slots = QueryTileScheduler<Traits::kBlockN, /*kKeys=*/true>;
+  using Slots = TileScheduler<Traits::kBlockN, /*kKeys=*/true>;
   auto slot_tile = [&](int slot) -> SlotTile {  // slot -1: past the last
     const int splits = opaque(args.head_splits);
-    if (slot >= int(Slots::num_blocks(p)) * splits) return {-1, QueryTile{}};
-    return {slot, args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch_sm90.h)
+    if (slot >= int(Slots::num_blocks(p)) * splits) return {-1, WorkTile{}};
+    return {slot, args.causal_keys.section_heads > 0  // fixed-length causal (bwd_launch.h)
                       ? args.causal_keys.get(p, slot / splits)
                       : Slots::get(p, slot / splits)};
   };

@@ -1,0 +1,129 @@
+// Host policy: the device's facts and the choices made from them and the call's shape, before any kernel is
+// picked. Host-only and included by dispatch.cpp alone (tests/test_layering.py checks), so that tuning a
+// heuristic recompiles no kernel file (FA3's hopper/heuristics.h plays this part).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+#include <cuda_runtime_api.h>
+
+#include "flash_attn2/flash_attn2.h"
+#include "common/launchers.h"  // DeviceInfo
+#include "sm90/tile_size.h"    // kBwdBlockNSm90
+
+namespace flash_attn2 {
+
+// ---- The device ----
+
+// The current device's SM count, L2 size and opt-in shared memory per block (cached per device: they do not
+// change), and tile_smem_limit: FLASH_ATTN2_SMEM_LIMIT bytes where that is lower than the device's (read on
+// every call), so that a big GPU runs and tests the SM80 tiles meant for smaller ones.
+inline cudaError_t current_device_info(DeviceInfo* info) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices][3] = {};  // 0: not yet asked
+  constexpr cudaDeviceAttr kAttrs[3] = {cudaDevAttrMultiProcessorCount, cudaDevAttrL2CacheSize,
+                                        cudaDevAttrMaxSharedMemoryPerBlockOptin};
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device)) return err;
+  int values[3];
+  for (int i = 0; i < 3; ++i) {
+    values[i] = device < kMaxDevices ? cached[device][i].load(std::memory_order_relaxed) : 0;
+    if (values[i] == 0) {
+      if (cudaError_t err = cudaDeviceGetAttribute(&values[i], kAttrs[i], device)) return err;
+      if (device < kMaxDevices) cached[device][i].store(values[i], std::memory_order_relaxed);
+    }
+  }
+  info->num_sms = values[0], info->l2_bytes = values[1], info->smem_per_block = values[2];
+  info->tile_smem_limit = info->smem_per_block;
+  if (const char* env = std::getenv("FLASH_ATTN2_SMEM_LIMIT")) {
+    const long forced = std::strtol(env, nullptr, 10);
+    if (forced > 0 && forced < info->tile_smem_limit) info->tile_smem_limit = int(forced);
+  }
+  return cudaSuccess;
+}
+
+// ---- Backward: head splits ----
+
+constexpr int kMaxHeadSplits = 8;
+
+// The backward's bytes per query row and head that key blocks running together share through L2: Q and dO in
+// 16 bits, the dQ accumulator in fp32.
+inline int64_t bwd_row_bytes(int head_dim) { return int64_t(8) * head_dim; }
+
+// The backward's blocks per (key block, kv head), on either path: a GQA group's query heads split over up to
+// 8 blocks (power-of-two divisors of the group) while the grid, counted in 128-key blocks, has fewer than
+// one block per SM, or four when causal, whose key blocks range from one step's work to a whole column's:
+// the longest-first order balances them only with several per SM (70B slice, 256 key blocks, H100: causal
+// 4 splits 7-10% faster than 2; non-causal 1 split 4% faster than 2). Then, when causal, more splits (any
+// divisor) while the L2 footprint of a block's heads exceeds twice the L2: causal blocks of a kv head end at
+// different times, and those that start later drift over up to one 128-row query block per SM, each
+// holding a block's heads' Q and dO (bf16) and dQ accumulator (fp32) rows in L2 (Qwen2.5-7B, group 7,
+// 32k causal, H100: 7 x 16.9k rows x 1 KB = 121 MB; 7 splits take the L2 hit rate from 85% to 93% and
+// the kernel from 40.0 to 37.3 ms; at 8k, 59 MB, 7 splits were slower). Not in deterministic mode.
+// Split blocks add dK and dV into fp32 accumulators after the dQ accumulator (bwd_dkv_accum_offset),
+// which bwd_dq_accum_elems sizes from this same answer: a function of p and the device only.
+inline int bwd_head_splits(const BwdParams& p, const DeviceInfo& device) {
+  int splits = 1;
+  const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
+  if (group == 1 || p.num_splits > 0) return splits;
+  const int num_sms = device.num_sms, l2_bytes = device.l2_bytes;
+  constexpr int kKeys = kBwdBlockNSm90;
+  const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kKeys + p.batch  // the varlen slots
+                                                     : int64_t(p.batch) * ((p.seqlen_k + kKeys - 1) / kKeys);
+  const int64_t key_blocks = per_head * p.num_heads_k;
+  const int64_t target = (p.causal ? 4 : 1) * int64_t(num_sms);
+  while (splits * 2 <= kMaxHeadSplits && group % (splits * 2) == 0 && key_blocks * splits < target) splits *= 2;
+  if (p.window_left >= 0) {
+    // A window's blocks that run together are about num_sms / splits key blocks of one kv head, whose query
+    // rows span those keys plus the window: split while their heads' Q, dO and dQ-accumulator rows exceed
+    // half the L2 and a split narrows the span (16:4 heads, d 128, 16k, window 1024 on an H100: 74 MB with
+    // one split, L2 hit rate 34%).
+    auto rows = [&](int s) {
+      return std::min<int64_t>(p.seqlen_q, int64_t(kKeys) * num_sms / s + p.window_left + kKeys);
+    };
+    for (int next = splits + 1;
+         next <= kMaxHeadSplits && rows(splits) * group * bwd_row_bytes(p.head_dim) > l2_bytes / 2; ++next) {
+      if (group % next == 0 && rows(next) < rows(splits)) splits = next;
+    }
+    return splits;
+  }
+  if (!p.causal) return splits;
+  const int64_t spread_rows = std::min<int64_t>(p.seqlen_q, int64_t(kKeys) * num_sms);
+  const int64_t bytes_per_head = spread_rows * bwd_row_bytes(p.head_dim);
+  // Up to head dim 128 while the rows exceed the L2 (Llama-3-8B 16k / 32k 4% / 1.5% faster than at twice the
+  // L2, Qwen2.5-7B 8k unchanged), above it while they exceed twice the L2 (Gemma-2 32k 1.5% slower at once:
+  // TUNING 85).
+  const int64_t rows_bound = (p.head_dim <= 128 ? 1 : 2) * int64_t(l2_bytes);
+  for (int next = splits + 1; next <= kMaxHeadSplits && group / splits * bytes_per_head > rows_bound; ++next) {
+    if (group % next == 0) splits = next;
+  }
+  return splits;
+}
+
+// ---- Backward: the causal order of the narrow Hopper kernels ----
+
+// Whether one (batch, kv head) pair's Q, dO and dQ-accumulator rows fit in L2 (kernel_dim: the Hopper kernel's
+// head dim): then the last two pairs interleave (GQA at d 64 4% faster, Llama-3-8B 8k 2% with 34 MB a pair;
+// Qwen2.5-7B 8k, 59 MB a pair, 0-3% slower: TUNING 84).
+inline bool bwd_causal_pair_fits_l2(const BwdParams& p, int kernel_dim, const DeviceInfo& device) {
+  const int64_t pair_bytes = int64_t(p.num_heads / p.num_heads_k) * p.seqlen_q * bwd_row_bytes(kernel_dim);
+  return pair_bytes <= device.l2_bytes;
+}
+
+// ---- Backward: deterministic mode's splits (SM80) ----
+
+// At most this many dq accumulators (memory), at least every key block of kMinBlockN rows its own split when
+// the heads alone cannot fill the GPU.
+constexpr int kMaxDeterministicSplits = 16, kDeterministicMinBlockN = 64;
+
+inline int deterministic_splits(const BwdParams& p, int num_sms) {
+  const int64_t heads = std::max<int64_t>(1, int64_t(p.batch) * p.num_heads_k);  // blocks per key block
+  const int64_t fill = (2 * int64_t(num_sms) + heads - 1) / heads;
+  const int64_t key_blocks = (int64_t(p.seqlen_k) + kDeterministicMinBlockN - 1) / kDeterministicMinBlockN;
+  return int(std::max<int64_t>(1, std::min<int64_t>({fill, key_blocks, kMaxDeterministicSplits})));
+}
+
+}  // namespace flash_attn2
