@@ -10,7 +10,7 @@ dQ accumulators).
 import torch
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HEAD_DIMS, HIDDEN, TOKENS, forward_backend, median_ms, pass_fn
+from flash_attn2.bench.grid import HEAD_DIMS, HIDDEN, TOKENS, forward_backend, median_ms, pass_fn
 
 
 def shapes():

@@ -1,6 +1,6 @@
 """python -m flash_attn2: a self-check against a float32 reference on this GPU, then the benchmark table.
 
-    python -m flash_attn2 [--check-only] [benchmark options, see benchmarks/benchmark_attention.py --help]
+    python -m flash_attn2 [--check-only] [benchmark options, see python -m flash_attn2.bench.grid --help]
 """
 
 import sys
@@ -48,7 +48,7 @@ def main():
     if not self_check():
         sys.exit(1)
     if not check_only:
-        from .benchmark import main as benchmark
+        from .bench.grid import main as benchmark
         benchmark(argv)
 
 

@@ -6,49 +6,49 @@ import os
 import pytest
 import torch
 
-from flash_attn2 import benchmark, benchmark_models
+from flash_attn2.bench import grid, models
 
 
 def test_fa2_flop_count():
     # 4 * b * h * s^2 * d forward, halved when causal; backward 2.5x, both 3.5x.
-    assert benchmark.flops(2, 3, 5, 7, False, "fwd") == 4 * 2 * 3 * 25 * 7
-    assert benchmark.flops(2, 3, 5, 7, True, "fwd") == 2 * 2 * 3 * 25 * 7
-    assert benchmark.flops(2, 3, 5, 7, True, "fwd_bwd") == 3.5 * 2 * 2 * 3 * 25 * 7
+    assert grid.flops(2, 3, 5, 7, False, "fwd") == 4 * 2 * 3 * 25 * 7
+    assert grid.flops(2, 3, 5, 7, True, "fwd") == 2 * 2 * 3 * 25 * 7
+    assert grid.flops(2, 3, 5, 7, True, "fwd_bwd") == 3.5 * 2 * 2 * 3 * 25 * 7
 
 
 @pytest.mark.parametrize("tokens", [1, 100, 32768, 65536])
 def test_packed_batch_fills_the_tokens(tokens):
-    lengths = benchmark_models.packed_lengths(tokens)
+    lengths = models.packed_lengths(tokens)
     assert sum(lengths) == tokens and all(length > 0 for length in lengths)
 
 
 def test_model_flops_are_per_sequence_causal():
     # Causal: 2 * h * s^2 * d per sequence, so two sequences of s cost half of one of 2s.
-    one = benchmark_models.causal_flops([2048], 8, 128, "fwd")
-    two = benchmark_models.causal_flops([1024, 1024], 8, 128, "fwd")
+    one = models.causal_flops([2048], 8, 128, "fwd")
+    two = models.causal_flops([1024, 1024], 8, 128, "fwd")
     assert one == 2 * 8 * 2048 ** 2 * 128 and two == one / 2
-    assert benchmark_models.causal_flops([64], 1, 64, "fwd_train") == benchmark_models.causal_flops([64], 1, 64, "fwd")
+    assert models.causal_flops([64], 1, 64, "fwd_train") == models.causal_flops([64], 1, 64, "fwd")
 
 
 def test_model_flops_count_a_window_visible_pairs():
     # A causal window of w keys sees min(i + 1, w) keys at row i: 4 * h * d per pair; none wider than s.
     s, w = 100, 30
     pairs = sum(min(i + 1, w) for i in range(s))
-    assert benchmark_models.causal_flops([s], 2, 64, "fwd", window=w) == 4 * 2 * 64 * pairs
-    assert benchmark_models.causal_flops([s], 2, 64, "fwd", window=s) == benchmark_models.causal_flops([s], 2, 64, "fwd")
+    assert models.causal_flops([s], 2, 64, "fwd", window=w) == 4 * 2 * 64 * pairs
+    assert models.causal_flops([s], 2, 64, "fwd", window=s) == models.causal_flops([s], 2, 64, "fwd")
 
 
 def test_model_features_become_flash_attn_arguments():
-    kwargs = benchmark_models.ours_kwargs(benchmark_models.FEATURES["gemma2-9b-local"])
+    kwargs = models.ours_kwargs(models.FEATURES["gemma2-9b-local"])
     assert kwargs == {"softcap": 50.0, "window_size": (4095, 0)}
-    assert benchmark_models.ours_kwargs({}) == {"softcap": 0.0}
+    assert models.ours_kwargs({}) == {"softcap": 0.0}
 
 
 def test_model_summary_geomean_and_min():
     rows = [dict(impl=impl, shape=shape, seqlen=2048, tflops=tflops, **{"pass": "fwd"})
             for impl, shape, tflops in [("flash_attn2", "a", 400.0), ("sdpa_cudnn", "a", 500.0),
                                         ("flash_attn2", "b", 600.0), ("sdpa_cudnn", "b", 480.0)]]
-    line = benchmark_models.summary(rows, bases=("sdpa_cudnn",))
+    line = models.summary(rows, bases=("sdpa_cudnn",))
     geomean = math.sqrt(0.8 * 1.25)
     assert f"geomean {geomean:.3f}" in line and "min 0.800 at a s=2048" in line
 
@@ -57,22 +57,22 @@ def test_grid_summary_against_each_backend():
     rows = [dict(impl=impl, dtype="bf16", hdim=128, causal=False, seqlen=s, tflops=t, **{"pass": "fwd"})
             for impl, s, t in [("flash_attn2", 512, 300.0), ("sdpa_cudnn", 512, 400.0), ("sdpa_flash", 512, 200.0),
                                ("flash_attn2", 4096, 600.0), ("sdpa_cudnn", 4096, 500.0)]]
-    cudnn, flash = benchmark.summary(rows).splitlines()
+    cudnn, flash = grid.summary(rows).splitlines()
     assert "flash_attn2 / sdpa_cudnn over 2 points" in cudnn and f"geomean {math.sqrt(0.75 * 1.2):.3f}" in cudnn
     assert "min 0.750 at bf16 hdim=128 causal=False seqlen=512" in cudnn
     assert "flash_attn2 / sdpa_flash over 1 points: geomean 1.500" in flash
 
 
 def test_warm_up_is_opt_out():
-    assert benchmark.parse_args([]).warmup_s == 3.0 and benchmark.parse_args(["--warmup-s", "0"]).warmup_s == 0
-    benchmark.warm_up_gpu(0)  # no GPU work (and no GPU needed) when turned off
+    assert grid.parse_args([]).warmup_s == 3.0 and grid.parse_args(["--warmup-s", "0"]).warmup_s == 0
+    grid.warm_up_gpu(0)  # no GPU work (and no GPU needed) when turned off
 
 
 def test_rounds_rotate_the_order(monkeypatch):
     # Each round starts with the next implementation; each keeps its median round.
     calls, fake_ms = [], {"a": iter([1.0, 9.0, 2.0]), "b": iter([5.0, 4.0, 3.0])}
-    monkeypatch.setattr(benchmark, "median_ms", lambda run, reps: (calls.append(run()), next(fake_ms[calls[-1]]))[1])
-    ms = benchmark.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, reps=1, rounds=3)
+    monkeypatch.setattr(grid, "median_ms", lambda run, reps: (calls.append(run()), next(fake_ms[calls[-1]]))[1])
+    ms = grid.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, reps=1, rounds=3)
     assert calls == ["a", "b", "b", "a", "a", "b"] and ms == {"a": 2.0, "b": 4.0}
 
 
@@ -86,21 +86,21 @@ def test_sm80_rows_run_the_whole_pass_on_its_path(monkeypatch):
         made.append(os.environ.get("FLASH_ATTN2_BACKEND"))
         return lambda: seen.append(os.environ.get("FLASH_ATTN2_BACKEND"))
     for impl in ("flash_attn2_sm80", "flash_attn2", "sdpa_cudnn"):
-        benchmark.on_path(impl, make)()
+        grid.on_path(impl, make)()
     assert made == seen == ["sm80", None, None] and "FLASH_ATTN2_BACKEND" not in os.environ
 
 
 def test_hf_step_models_share_weights():
     """The training-step benchmark's two models: the config it asks for, the same weights, each its attention."""
     pytest.importorskip("transformers", reason="Hugging Face transformers is not installed")
-    from flash_attn2 import benchmark_hf
+    from flash_attn2.bench import hf
 
-    args = benchmark_hf.parse_args(["--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-                                    "--intermediate", "32", "--vocab", "64", "--seqlen", "32"])
-    config = benchmark_hf.make_config(args)
+    args = hf.parse_args(["--layers", "1", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
+                          "--intermediate", "32", "--vocab", "64", "--seqlen", "32"])
+    config = hf.make_config(args)
     assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (64, 4, 2, 16)
-    models = benchmark_hf.make_models(config, device="cpu")
-    (sdpa, _), (ours, _) = models["sdpa"], models["flash_attn2"]
+    built = hf.make_models(config, device="cpu")
+    (sdpa, _), (ours, _) = built["sdpa"], built["flash_attn2"]
     assert sdpa.config._attn_implementation == "sdpa" and ours.config._attn_implementation == "flash_attn2"
     for a, b in zip(sdpa.state_dict().values(), ours.state_dict().values()):
         assert torch.equal(a, b)

@@ -2,9 +2,9 @@
 # A/B of a benchmark module: A = a carried wheel ($WHEEL) or a variant directory holding csrc/ and flash_attn2/
 # (variants.sh with FULL=1; built like B), B = the working tree built for head dims $D (bf16, sm_90; the build
 # knobs exported around the call, e.g. FLASH_ATTN2_SM80=1, apply to both); TESTS (pytest paths) run on B
-# first; then `python -m $MODULE` (e.g. "flash_attn2.benchmark_variants --hdims 128") for A and B in turn,
+# first; then `python -m $MODULE` (e.g. "flash_attn2.bench.variants --hdims 128") for A and B in turn,
 # ROUNDS times, the order rotated; logs under $OUT.
-#   WHEEL=.whl/all/*.whl D=64,128 TESTS=tests/test_score_mods.py MODULE="flash_attn2.benchmark_variants --hdims 64 128" \
+#   WHEEL=.whl/all/*.whl D=64,128 TESTS=tests/test_score_mods.py MODULE="flash_attn2.bench.variants --hdims 64 128" \
 #     bash benchmarks/dev/ab_module.sh
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
@@ -25,7 +25,7 @@ if [ -d "$WHEEL/csrc" ]; then
 else
   wheel=$(readlink -f $(ls $WHEEL)) && (cd /tmp/ab_A && python3 -m zipfile -e "$wheel" .) || exit 1
 fi
-cp flash_attn2/benchmark*.py /tmp/ab_A/flash_attn2/  # the tree's benchmark modules on both sides
+mkdir -p /tmp/ab_A/flash_attn2/bench && cp flash_attn2/bench/*.py /tmp/ab_A/flash_attn2/bench/  # the tree's benchmark modules on both sides
 build B
 if [ -n "${TESTS:-}" ]; then
   timeout ${PYTEST_S:-200} python3 -m pytest $TESTS -q -rf -p no:cacheprovider > $OUT/pytest.log 2>&1; tail -3 $OUT/pytest.log

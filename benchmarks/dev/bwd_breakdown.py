@@ -12,7 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HIDDEN, TOKENS, make_fn, warm_up_gpu
+from flash_attn2.bench.grid import HIDDEN, TOKENS, make_fn, warm_up_gpu
 
 
 def inputs(b, s, heads, d):

@@ -8,7 +8,7 @@ import sys
 import torch
 
 from bwd_breakdown import kernel_ms  # this directory is the script's: on sys.path
-from flash_attn2.benchmark import make_fn, median_ms, pass_fn, warm_up_gpu
+from flash_attn2.bench.grid import make_fn, median_ms, pass_fn, warm_up_gpu
 
 b, s, h, h_kv, d = (int(x) for x in sys.argv[1:6]) if len(sys.argv) > 5 else (4, 8192, 28, 4, 128)
 warm_up_gpu(2)

@@ -72,17 +72,17 @@ fi
 cd /tmp
 if [ "$STAGE" = bench_bwd ]; then  # the backward rows (#10), one process (and CSV under $OUT/d<hdim>) per head dim
   for d in ${HDIMS:-64 128 256}; do  # about 50-60 s each on an H100
-    timeout 185 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn sdpa_flash \
+    timeout 185 python3 -c "import sys; from flash_attn2.bench.grid import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn sdpa_flash \
       --passes bwd fwd_bwd --hdims $d --reps 10 --warmup-s 2 --out-dir $OUT/d$d > $OUT/bench_bwd_d$d.log 2>&1; tail -3 $OUT/bench_bwd_d$d.log
   done
-  timeout 150 python3 -m flash_attn2.benchmark_hf --out-dir $OUT 2>&1 | tail -4
+  timeout 150 python3 -m flash_attn2.bench.hf --out-dir $OUT 2>&1 | tail -4
   if [ -n "${MODELS:-}" ]; then  # the model suite's backward rows too (about 150 s)
-    timeout 250 python3 -m flash_attn2.benchmark_models --impls flash_attn2 sdpa_cudnn sdpa_flash --passes bwd fwd_bwd \
+    timeout 250 python3 -m flash_attn2.bench.models --impls flash_attn2 sdpa_cudnn sdpa_flash --passes bwd fwd_bwd \
       --reps 10 --out-dir $OUT/models > $OUT/models.log 2>&1; tail -4 $OUT/models.log
   fi
   # At most 8 files come back from $OUT: the CSVs and plots travel as one archive.
   (cd $OUT && tar czf results.tgz $(ls -d d[0-9]* models *.csv 2>/dev/null) && rm -rf d[0-9]* models *.csv)
   exit 0
 fi
-timeout 260 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn --passes fwd --out-dir $OUT 2>&1 > $OUT/bench.log; tail -4 $OUT/bench.log
-timeout 300 python3 -m flash_attn2.benchmark_models --impls flash_attn2 sdpa_cudnn sdpa_flash torch_varlen --passes fwd fwd_train --reps 10 --out-dir $OUT > $OUT/models.log 2>&1; tail -8 $OUT/models.log
+timeout 260 python3 -c "import sys; from flash_attn2.bench.grid import main; main(sys.argv[1:])" --impls flash_attn2 sdpa_cudnn --passes fwd --out-dir $OUT 2>&1 > $OUT/bench.log; tail -4 $OUT/bench.log
+timeout 300 python3 -m flash_attn2.bench.models --impls flash_attn2 sdpa_cudnn sdpa_flash torch_varlen --passes fwd fwd_train --reps 10 --out-dir $OUT > $OUT/models.log 2>&1; tail -8 $OUT/models.log

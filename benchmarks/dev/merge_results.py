@@ -14,9 +14,9 @@ with open(target, "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n"); w.writeheader(); w.writerows(rows)
 typed = [dict(r, tflops=float(r["tflops"]), hdim=int(r["hdim"]), causal=r["causal"] == "True") for r in rows]
 if kind == "grid":
-    from flash_attn2.benchmark import plot
+    from flash_attn2.bench.grid import plot
     plot([dict(r, seqlen=int(r["seqlen"])) for r in typed], target[:-4] + ".png")
 else:
-    from flash_attn2.benchmark_models import plot
+    from flash_attn2.bench.models import plot
     plot(typed, target[:-4] + ".png")
 print(f"{target}: {len(old)} -> {len(rows)} rows, {len(new)} new ({sorted(passes)})")

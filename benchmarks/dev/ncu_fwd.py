@@ -7,7 +7,7 @@ import sys
 import torch
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HIDDEN, TOKENS, make_fn
+from flash_attn2.bench.grid import HIDDEN, TOKENS, make_fn
 
 DROPOUT = float(os.environ.get("DROPOUT", "0"))
 

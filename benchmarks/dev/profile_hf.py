@@ -1,5 +1,5 @@
 # Where the HF training step's time goes, sdpa against flash_attn2: torch.profiler over a few steps of
-# flash_attn2.benchmark_hf's model; the top GPU kernels and CPU ops of each, its device syncs, or
+# flash_attn2.bench.hf's model; the top GPU kernels and CPU ops of each, its device syncs, or
 # (DIFF=1) every op or kernel whose GPU time per step differs between the two by more than 2 us.
 import os
 import sys
@@ -7,7 +7,7 @@ import sys
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flash_attn2.benchmark_hf import make_config, make_models, make_step, parse_args
+from flash_attn2.bench.hf import make_config, make_models, make_step, parse_args
 
 STEPS = 3
 args = parse_args(sys.argv[1:])

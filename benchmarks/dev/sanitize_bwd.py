@@ -4,7 +4,7 @@
 # FLASH_ATTN2_SM80=1, on the SM80 one too (FLASH_ATTN2_BACKEND=sm80 for the backward alone).
 import torch
 from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func
-from flash_attn2.benchmark import forward_backend
+from flash_attn2.bench.grid import forward_backend
 hopper = torch.cuda.get_device_capability() == (9, 0)
 for d in (32, 64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 one's dropout tiles
     try:  # head dims this build lacks

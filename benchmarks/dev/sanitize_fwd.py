@@ -2,7 +2,7 @@
 # the default path and on the SM80 one (FLASH_ATTN2_BACKEND=sm80); head dims 64 and 128 where compiled (bf16).
 import torch
 from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func
-from flash_attn2.benchmark import forward_backend
+from flash_attn2.bench.grid import forward_backend
 
 # The default sm_90 build has no SM80 path (FLASH_ATTN2_SM80=1 adds it).
 for backend in (None, "sm80") if _ops.ext.sm80_built else (None,):

@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-import flash_attn2.benchmark as bench
-from flash_attn2 import benchmark_models as bm
+import flash_attn2.bench.grid as bench
+from flash_attn2.bench import models as bm
 
 WATCH = {("qwen2.5-7b", 8192), ("llama3-70b-tp8", 32768), ("gemma2-9b", 8192)}
 current = {}  # the shape and seqlen being run

@@ -5,7 +5,7 @@ import sys
 import torch
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import HIDDEN, flops, median_ms
+from flash_attn2.bench.grid import HIDDEN, flops, median_ms
 
 d, causal, s = int(sys.argv[1]), sys.argv[2] == "1", int(sys.argv[3])
 h = HIDDEN // d

@@ -11,8 +11,8 @@ import sys
 import torch
 
 from flash_attn2 import flash_attn_func
-from flash_attn2.benchmark import (HIDDEN, TOKENS, flops, forward_backend, make_fn, pass_fn, time_interleaved,
-                                  warm_up_gpu)
+from flash_attn2.bench.grid import (HIDDEN, TOKENS, flops, forward_backend, make_fn, pass_fn, time_interleaved,
+                                   warm_up_gpu)
 
 warm_up_gpu(2)
 impls = ["flash_attn2"] + (["sdpa_cudnn"] if os.environ.get("CUDNN") else [])

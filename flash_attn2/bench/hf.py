@@ -1,6 +1,6 @@
 """A Hugging Face training step with flash_attn2 against the model's default SDPA attention, end to end.
 
-    python -m flash_attn2.benchmark_hf [--batch 4] [--seqlen 2048] [--layers 4] [--heads 16] [--kv-heads 4] [--no-cache]
+    python -m flash_attn2.bench.hf [--batch 4] [--seqlen 2048] [--layers 4] [--heads 16] [--kv-heads 4] [--no-cache]
 
 One randomly initialised Llama-architecture model (no download), bf16 weights, copied so that both runs start
 from the same weights: one copy on attn_implementation="sdpa", one on "flash_attn2". A step is forward, the
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from .benchmark import add_run_args, append_csv, time_interleaved, warm_up_gpu
+from .grid import add_run_args, append_csv, time_interleaved, warm_up_gpu
 
 IMPLS = ("sdpa", "flash_attn2")
 COLUMNS = ("gpu", "impl", "batch", "seqlen", "layers", "hidden", "heads", "kv_heads", "head_dim", "vocab",
@@ -40,7 +40,7 @@ def make_models(config, device="cuda"):
     """{impl: (model, optimizer)} with identical bf16 weights."""
     from transformers import AutoModelForCausalLM
 
-    from .integrations import transformers as _  # noqa: F401  (registers "flash_attn2")
+    from ..integrations import transformers as _  # noqa: F401  (registers "flash_attn2")
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device, torch.bfloat16).train()
     models = {}

@@ -1,6 +1,6 @@
 """flash_attn2 against PyTorch on the attention of real models: causal, GQA, bf16, and packed varlen batches.
 
-    python -m flash_attn2.benchmark_models [--seqlens 2048 8192 32768] [--tokens 32768] [--passes fwd fwd_train]
+    python -m flash_attn2.bench.models [--seqlens 2048 8192 32768] [--tokens 32768] [--passes fwd fwd_train]
 
 Each (model, seqlen) point runs batch = tokens // seqlen sequences; a "packed" point runs documents of mixed
 lengths summing to `tokens`, as one varlen batch (PyTorch's own varlen attention beside it where it runs).
@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, on_path, pass_fn, save,
-                        time_interleaved, warm_up_gpu)
-from .flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from .grid import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, on_path, pass_fn, save,
+                   time_interleaved, warm_up_gpu)
 
 # name: (query heads, key/value heads, head dim)
 MODELS = {

@@ -1,6 +1,6 @@
 """Sliding-window attention: what a window costs against full causal attention, and against PyTorch.
 
-    python -m flash_attn2.benchmark_window [--seqlens 16384 32768] [--windows 4096 1024] [--passes fwd bwd]
+    python -m flash_attn2.bench.window [--seqlens 16384 32768] [--windows 4096 1024] [--passes fwd bwd]
 
 Causal, bf16, 16 query heads on 4 kv heads of head dim 128 (a Mistral-style GQA layer), batch 1. At each
 (seqlen, window) flash_attn2 with window_size=(window - 1, 0) (the query's own key and the window - 1 before
@@ -18,8 +18,8 @@ import argparse
 
 import torch
 
-from .benchmark import add_run_args, append_csv, pass_fn, time_interleaved, warm_up_gpu
-from .flash_attn_interface import flash_attn_func
+from ..flash_attn_interface import flash_attn_func
+from .grid import add_run_args, append_csv, pass_fn, time_interleaved, warm_up_gpu
 
 COLUMNS = ("gpu", "impl", "seqlen", "window", "nheads", "nheads_k", "hdim", "pass", "ms", "visible_fraction")
 NHEADS, NHEADS_K, HDIM = 16, 4, 128

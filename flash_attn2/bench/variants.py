@@ -1,7 +1,7 @@
 """What softcap, ALiBi and dropout cost against plain attention, per path, beside SDPA's dropout.
 
-    python -m flash_attn2.benchmark_variants [--hdims 64 128 256] [--seqlens 4096 16384] [--passes fwd bwd]
-                                             [--backends flash_attn2 flash_attn2_sm80 sdpa_flash sdpa_cudnn]
+    python -m flash_attn2.bench.variants [--hdims 64 128 256] [--seqlens 4096 16384] [--passes fwd bwd]
+                                         [--backends flash_attn2 flash_attn2_sm80 sdpa_flash sdpa_cudnn]
 
 bf16, the FA2 grid's shapes (16k tokens per batch, 2048 / hdim heads), causal and not. At each point
 flash_attn2 is timed plain, with softcap=50 (Gemma 2's), with ALiBi (MPT's slopes 2^(-8 (i + 1) / h)), with
@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from .benchmark import (FLASH_ATTN2_BACKENDS, HIDDEN, SDPA_BACKENDS, TOKENS, add_run_args, append_csv, on_path,
-                        pass_fn, time_interleaved, warm_up_gpu)
-from .flash_attn_interface import flash_attn_func
+from ..flash_attn_interface import flash_attn_func
+from .grid import (FLASH_ATTN2_BACKENDS, HIDDEN, SDPA_BACKENDS, TOKENS, add_run_args, append_csv, on_path,
+                   pass_fn, time_interleaved, warm_up_gpu)
 
 COLUMNS = ("gpu", "impl", "variant", "hdim", "causal", "seqlen", "batch", "nheads", "pass", "ms")
 SOFTCAP = 50.0

@@ -1,5 +1,7 @@
 """Times flash_attn2 next to PyTorch's SDPA backends on the FA2 paper's grid, on the same inputs.
 
+    python -m flash_attn2.bench.grid [--dtypes bf16] [--hdims 128] [--seqlens 4096] [--passes fwd bwd fwd_bwd]
+
 Writes <out_dir>/<gpu>.csv (gpu,impl,dtype,hdim,causal,seqlen,batch,nheads,pass,ms,tflops) and a PNG plot
 beside it, and prints the geometric-mean and minimum speed ratio of flash_attn2 to each SDPA backend measured
 (sdpa_cudnn, the bar on Hopper, and sdpa_flash) per pass. At every point the implementations are timed in
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from .flash_attn_interface import flash_attn_func
+from ..flash_attn_interface import flash_attn_func
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 TOKENS = 16384
@@ -309,3 +311,7 @@ def main(argv=None):
     save(rows, args.out_dir, "", COLUMNS, plot)
     print(summary(rows))
     return rows
+
+
+if __name__ == "__main__":
+    main()
