@@ -32,24 +32,25 @@ What flash_attn2 cannot honour raises NotImplementedError naming it, before any 
 sinks (`s_aux`), `output_attentions=True`, a 4-D (custom) attention mask, a model's own or/and mask
 functions, packed sequences with a KV cache, and any other non-None keyword argument not listed in
 `_NOT_FOR_ATTENTION`.
+
+What this needs from transformers' private internals (two wrapped functions) and the answers it keeps to save
+a device sync per forward live in `_transformers_private.py`, with the versions they were written against.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 try:
-    import transformers.masking_utils as _hf_masking_utils
-    import transformers.modeling_flash_attention_utils as _hf_flash_utils
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.flash_attention import get_target_dtype
     from transformers.masking_utils import flash_attention_mask
     from transformers.utils import logging
+
+    from . import _transformers_private as _private
 except ImportError as e:
     raise ImportError(f"flash_attn2.integrations.transformers needs Hugging Face transformers 5.x ({e}): "
                       "pip install transformers") from e
@@ -68,60 +69,20 @@ _HALF = (torch.float16, torch.bfloat16)
 _NOT_FOR_ATTENTION = frozenset({"use_cache", "num_items_in_batch", "output_hidden_states", "output_router_logits",
                                 "seq_idx"})
 _USE_INSTEAD = "; use attn_implementation='sdpa' or 'eager' for this model"
-# (weakref to the last position_ids seen, (batch, seq_len, its version), _packed_cu_seqlens' answer)
-_packing_cache = (lambda: None, None, None)
-# The last mask the model built through flash_attn2_mask that found no packing: (weakref to its config,
-# (batch, q_len)), or None. The next attention call of that model takes it for its position_ids.
-_mask_found_no_packing = None
-# The position_ids the model's mask last read for packing (it does without a KV cache), as (weakref, version,
-# whether it found one sequence per row): attention on that very tensor takes the answer, with no second sync.
-_mask_read = (lambda: None, None, False)
 
 
 def register() -> None:
     """Make `attn_implementation="flash_attn2"` available to every transformers model. Idempotent."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, flash_attn2_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attn2_mask)
-    _wrap_once(_hf_flash_utils, "_lazy_imports", _answer_flash_preload)
-    _wrap_once(_hf_masking_utils, "find_packed_sequence_indices", _remember_mask_read)
+    # transformers preloads every "flash" implementation through a private function; answered with these
+    _private.install(ATTN_IMPLEMENTATION, _flash_functions)
 
 
-def _wrap_once(module, name: str, wrap) -> None:
-    """module.name = wrap(module.name), unless it is ours already (register() may run any number of times)."""
-    original = getattr(module, name)
-    if not getattr(original, "_flash_attn2", False):
-        wrapped = wrap(original)
-        wrapped._flash_attn2 = True
-        setattr(module, name, wrapped)
-
-
-def _answer_flash_preload(original):
-    # transformers treats every attn_implementation whose name contains "flash" as a flash-attn build
-    # (utils.generic.is_flash_attention_requested) and preloads it when a model is built or switched to it
-    # (_check_and_adjust_attn_implementation -> lazy_import_flash_attention -> _lazy_imports). _lazy_imports
-    # knows only flash-attn 2/3/4 and hub kernels and raises ValueError for "flash_attn2": answer it with
-    # our functions, and leave every other name to transformers.
-    @functools.wraps(original)
-    def _lazy_imports(implementation, *args, **kwargs):
-        if implementation == ATTN_IMPLEMENTATION:
-            return flash_attn_func, flash_attn_varlen_func, None, pad_input, unpad_input
-        return original(implementation, *args, **kwargs)
-    return _lazy_imports
-
-
-def _remember_mask_read(original):
-    # create_causal_mask reads position_ids back (a device sync) to find packed sequences when the model holds
-    # no KV cache, for every attn_implementation. Remembering what it read spares a batch of one row a second
-    # sync in _packed_cu_seqlens (the step's GPU then idled while the host caught up: TUNING 60). Same rule:
-    # a sequence starts wherever a position is not the previous one + 1.
-    @functools.wraps(original)
-    def find_packed_sequence_indices(position_ids, *args, **kwargs):
-        found = original(position_ids, *args, **kwargs)
-        if not torch.compiler.is_compiling():
-            global _mask_read
-            _mask_read = (weakref.ref(position_ids), _version(position_ids), found is None)
-        return found
-    return find_packed_sequence_indices
+def _flash_functions():
+    """What transformers' flash-attention preload (_lazy_imports) returns for "flash_attn2": (flash_fn,
+    flash_varlen_fn, flash_with_kvcache_fn, pad_fn, unpad_fn)."""
+    return flash_attn_func, flash_attn_varlen_func, None, pad_input, unpad_input
 
 
 def flash_attn2_mask(*args, use_vmap=False, **kwargs):
@@ -133,17 +94,9 @@ def flash_attn2_mask(*args, use_vmap=False, **kwargs):
         raise NotImplementedError("flash_attn2: this model adds its own mask function (or_mask_function / "
                                   "and_mask_function) to the causal mask, which flash_attn2 cannot apply"
                                   + _USE_INSTEAD)
-    # create_causal_mask keeps allow_is_causal_skip only for a plain causal mask: it sets it False when it
-    # found packed sequences (and for block overlays and compiled decoding), so True means no packing; it
-    # looks for packing only without a padding mask and a KV cache. A new mask is a new forward: the
-    # packing answers kept for earlier position_ids no longer hold.
-    global _mask_found_no_packing, _packing_cache
-    config = kwargs.get("config")
-    if not torch.compiler.is_compiling():
-        plain = kwargs.get("allow_is_causal_skip") and config is not None
-        _mask_found_no_packing = ((weakref.ref(config), (kwargs.get("batch_size"), kwargs.get("q_length")))
-                                  if plain else None)
-        _packing_cache = (lambda: None, None, None)
+    # A new mask is a new forward: whether it found packing is noted for the attention calls that follow, and
+    # the packing answers kept for earlier position_ids no longer hold.
+    _private.mask_built(kwargs)
     return flash_attention_mask(*args, **kwargs)
 
 
@@ -266,34 +219,9 @@ def _packed_cu_seqlens(position_ids, batch: int, seq_len: int, config=None):
     if position_ids.dim() != 2 or position_ids.shape[1] != seq_len:
         raise ValueError(f"flash_attn2: position_ids must be (batch, {seq_len}) to detect packed sequences, got "
                          f"shape {tuple(position_ids.shape)}")
-    # The answer needs the values on the host (a device sync). A model hands every layer the same
-    # position_ids tensor, so the answer is kept for it (while unmodified): one sync per forward, not one per
-    # layer, which left the GPU idle between layers (HF step 4 x 2k tokens, 4 layers: 22.4 -> see TUNING).
-    # And none at all for several rows whose mask found no packing (flash_attn2_mask).
-    global _packing_cache, _mask_found_no_packing
-    if torch.compiler.is_compiling():
-        return _find_packing(position_ids, batch, seq_len)
-    key = (batch, seq_len, _version(position_ids))
-    cached_ref, cached_key, cached = _packing_cache
-    if cached_ref() is position_ids and cached_key == key:
-        return cached
-    decided, _mask_found_no_packing = _mask_found_no_packing, None  # one forward's mask, for its position_ids
-    mask_config, mask_shape = decided or (lambda: None, None)
-    read_ref, read_version, read_none = _mask_read
-    if read_none and read_ref() is position_ids and read_version == key[2]:
-        answer = None  # the mask has read these very ids and found one sequence per row
-    elif batch > 1 and mask_shape == (batch, seq_len) and config is not None and mask_config() is config:
-        answer = None
-    else:
-        answer = _find_packing(position_ids, batch, seq_len)
-    _packing_cache = (weakref.ref(position_ids), key, answer)
-    return answer
-
-
-def _version(t: torch.Tensor) -> int:
-    # An inference tensor (made under torch.inference_mode) has no version counter: -1, so the answers kept
-    # for it go by identity alone, for one forward (each new mask, flash_attn2_mask, drops them).
-    return -1 if t.is_inference() else t._version
+    # The answer needs the values on the host (a device sync): _find_packing, unless an answer kept for this
+    # forward holds (at most one look per forward; _transformers_private.packing).
+    return _private.packing(position_ids, batch, seq_len, config, _find_packing)
 
 
 def _find_packing(position_ids, batch: int, seq_len: int):
