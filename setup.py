@@ -1,7 +1,8 @@
 """Builds flash_attn2's CUDA extension (flash_attn2_cuda) with torch.utils.cpp_extension and ninja.
 
 Knobs (environment variables, see README): FLASH_ATTN2_CUDA_ARCHS, FLASH_ATTN2_HEAD_DIMS,
-FLASH_ATTN2_DTYPES, FLASH_ATTN2_SM80, FLASH_ATTN2_COMPACT_TILES, MAX_JOBS, CUTLASS_DIR, CUDA_HOME.
+FLASH_ATTN2_DTYPES, FLASH_ATTN2_SM80, FLASH_ATTN2_COMPACT_TILES, MAX_JOBS, CUTLASS_DIR, CUDA_HOME; for debugging,
+FLASH_ATTN2_DEBUG_HANG (tools/build_config.py: debug_flags).
 """
 
 import importlib.util
@@ -37,6 +38,7 @@ def _extension_and_cmdclass():
         if torch.cuda.is_available():
             visible = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
         archs = cfg.selected_archs(os.environ, visible)
+        debug = cfg.debug_flags()
         paths = cfg.kernel_paths(archs)
         # torch has libstdc++ loaded by now; cpp_extension links with CXX (else c++).
         link_args = cfg.libstdcxx_link_args(cfg.toolchain_libstdcxx_so(os.environ.get("CXX", "c++")),
@@ -51,6 +53,7 @@ def _extension_and_cmdclass():
     print(f"flash_attn2 build: archs {built}; paths {'+'.join(paths)}; compact tiles {compact_tiles}; "
           f"head dims {head_dims}; dtypes {dtypes}; "
           f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}"
+          + (f"; debug {' '.join(debug)}" if debug else "")
           + (f"; libstdc++ from {link_args[0]} (the compiler has only a static one)" if link_args else ""))
 
     ext = cpp_extension.CUDAExtension(
@@ -62,7 +65,7 @@ def _extension_and_cmdclass():
             "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"', compact]
             + cfg.kernel_definitions(head_dims, dtypes, paths),
             "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills", compact]
-            + cfg.gencode_flags(archs),
+            + debug + cfg.gencode_flags(archs),
         },
         extra_link_args=link_args,
     )

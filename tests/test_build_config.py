@@ -127,3 +127,10 @@ def test_libstdcxx_stays_shared(tmp_path):
     assert cfg.libstdcxx_link_args("libstdc++.so", loaded) == [loaded]
     assert cfg.libstdcxx_link_args("/usr/lib/gcc/x86_64-linux-gnu/13/libstdc++.so", loaded) == []
     assert cfg.libstdcxx_link_args("libstdc++.so", None) == []
+
+
+def test_debug_hang_knob():
+    assert cfg.debug_flags({}) == [] and cfg.debug_flags({"FLASH_ATTN2_DEBUG_HANG": "0"}) == []
+    assert cfg.debug_flags({"FLASH_ATTN2_DEBUG_HANG": "2000000000"}) == ["-DFLASH_ATTN2_DEBUG_HANG=2000000000"]
+    with pytest.raises(ValueError, match="FLASH_ATTN2_DEBUG_HANG: '1s' is not a cycle count"):
+        cfg.debug_flags({"FLASH_ATTN2_DEBUG_HANG": "1s"})

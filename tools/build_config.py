@@ -154,6 +154,18 @@ def compact_tiles(archs: list[str], env=os.environ) -> bool:
     return any(arch != HOPPER for arch in archs)
 
 
+def debug_flags(env=os.environ) -> list[str]:
+    """FLASH_ATTN2_DEBUG_HANG=<cycles> (a positive integer): the Hopper kernels' barrier waits print where they wait
+    and trap once a wait passes that many cycles (csrc/kernels/sm90/wgmma.h), so a hang ends as a launch failure
+    that says where it waited. Unset or 0: a normal build."""
+    value = env.get("FLASH_ATTN2_DEBUG_HANG", "").strip()
+    if value in ("", "0"):
+        return []
+    if not value.isdigit():
+        raise ValueError(f"FLASH_ATTN2_DEBUG_HANG: {value!r} is not a cycle count (e.g. 2000000000, about a second)")
+    return [f"-DFLASH_ATTN2_DEBUG_HANG={int(value)}"]
+
+
 def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:
     """One file per (direction, head dim, dtype[, arch]) of each path, the Hopper backward's for the kernels
     that serve the head dims; the backward's dtype-generic helpers are always built."""

@@ -8,7 +8,7 @@
 # A directory holding csrc/ (variants.sh with FULL=1) replaces the whole csrc/ and flash_attn2/ instead; a
 # .patch file (e.g. benchmarks/dev/prepared/*.patch, paths from the repository root) is applied to the tree.
 # The directories must lie in the working tree (untracked) to reach the device, e.g.
-#   mkdir -p benchmarks/dev/old && for f in fwd_kernel_sm90.h fwd_launch_sm90.h fwd_traits_sm90.h wgmma.h; do
+#   mkdir -p benchmarks/dev/old && for f in fwd_kernel.h fwd_launch.h fwd_traits.h wgmma.h; do
 #     git show REF:csrc/kernels/sm90/$f > benchmarks/dev/old/$f; done
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1

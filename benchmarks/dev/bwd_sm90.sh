@@ -1,19 +1,19 @@
 #!/bin/bash
 # First runs of the Hopper backward: reduced build (head dims $D, bf16+fp16, sm_90) of the working tree, the
 # backward/varlen/SASS tests, sanitizers on small backward calls, then the backward next to sdpa_cudnn and
-# sdpa_flash. OLD_FWD=REF first builds REF's fwd_kernel_sm90.h (d 64 bf16) and runs the NaN varlen test on it.
+# sdpa_flash. OLD_FWD=REF first builds REF's fwd_kernel.h (d 64 bf16) and runs the NaN varlen test on it.
 set -uo pipefail
 export CUDA_HOME=/usr/local/cuda PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
 ROOT=$PWD; D=${D:-64,128}; OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 python3 -m pip install -q --no-deps .whl/nvidia_cutlass*.whl
 nvidia-smi --query-gpu=name --format=csv,noheader
 if [ -n "${OLD_FWD:-}" ]; then
-  cp csrc/kernels/sm90/fwd_kernel_sm90.h /tmp/fwd_new.h && cp benchmarks/dev/old/fwd_kernel_sm90.h csrc/kernels/sm90/
+  cp csrc/kernels/sm90/fwd_kernel.h /tmp/fwd_new.h && cp benchmarks/dev/old/fwd_kernel.h csrc/kernels/sm90/
   s=$(date +%s); FLASH_ATTN2_HEAD_DIMS=64 FLASH_ATTN2_DTYPES=bf16 FLASH_ATTN2_CUDA_ARCHS=90 \
     python3 setup.py build_ext --inplace > $OUT/build_old.log 2>&1 || tail -20 $OUT/build_old.log
   echo "old built in $(( $(date +%s) - s )) s"
   timeout 60 python3 -m pytest tests/test_varlen_safety.py -q -p no:cacheprovider -k "untrusted" 2>&1 | tail -4
-  cp /tmp/fwd_new.h csrc/kernels/sm90/fwd_kernel_sm90.h; rm -rf build flash_attn2_cuda*.so
+  cp /tmp/fwd_new.h csrc/kernels/sm90/fwd_kernel.h; rm -rf build flash_attn2_cuda*.so
 fi
 s=$(date +%s); FLASH_ATTN2_HEAD_DIMS=$D FLASH_ATTN2_CUDA_ARCHS=90 python3 setup.py build_ext --inplace > $OUT/build.log 2>&1 || { tail -40 $OUT/build.log; exit 1; }
 echo "built in $(( $(date +%s) - s )) s"; grep -A1 "bwd_kernel_sm90\|BwdKernelSm90" $OUT/build.log | grep "spill" | sort | uniq -c | head
@@ -31,7 +31,7 @@ if [ -n "${SAN:-}" ]; then
   done; done
 fi
 if [ -n "${BENCH:-}" ]; then
-cd /tmp && PYTHONPATH=$ROOT timeout 200 python3 -c "import sys; from flash_attn2.benchmark import main; main(sys.argv[1:])" \
+cd /tmp && PYTHONPATH=$ROOT timeout 200 python3 -c "import sys; from flash_attn2.bench.grid import main; main(sys.argv[1:])" \
   --impls flash_attn2 sdpa_cudnn sdpa_flash --passes bwd --hdims ${D//,/ } --dtypes bf16 --seqlens ${SEQS:-1024 4096} --rounds 2 --out-dir $OUT 2>&1 | tail -${BENCH_TAIL:-20}
 fi
 # NCU="D,CAUSAL,S ...": ncu (full set) of the Hopper backward kernel per case; details and the SASS lines

@@ -1,4 +1,4 @@
-"""A model of the Hopper forward's pipeline protocol for one block (fwd_mainloop_sm90.h): a producer, two consumer
+"""A model of the Hopper forward's pipeline protocol for one block (fwd_mainloop.h): a producer, two consumer
 warpgroups, K / V stages, Q slabs and the slot ring as parity-waited mbarriers, TMA loads landing in any order, the
 agents interleaved at random. Tiles are those of step 62's failing case (d 256, sq 1023, sk 300, causal): each a
 (n_min, n_max, per-warpgroup n_max) or None (no visible key). Reports, per mode, runs that finished, read a wrong

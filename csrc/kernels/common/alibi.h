@@ -11,17 +11,16 @@ namespace flash_attn2 {
 
 // flash-attn's ALiBi for one (batch, query head): -slope * |i + len_k - len_q - j| on the scaled score of
 // query i and key j or, causal without a left window edge, +slope * j (flash-attn's form there: the same
-// softmax, its LSE shifted by a constant per row). Kept in the units of the scores the kernels hold, the
-// slope over their softmax scale (softcap when softcapped).
+// softmax, its LSE shifted by a constant per row). Kept in the units of the scores the kernels hold: the
+// slope over their softmax scale (score_mod.h: ScoreMods::alibi builds it).
 struct Alibi {
   float slope;  // 0 without ALiBi
   int len_q, len_k;
   bool key_only;
 
-  __device__ Alibi(const FwdParams& p, int len_q_, int len_k_, int bidb, int bidh)
-      : slope(p.alibi_slopes == nullptr ? 0.f
-                                        : p.alibi_slopes[bidb * p.alibi_slopes_batch_stride + bidh] /
-                                              (p.softcap > 0.f ? p.softcap : p.softmax_scale)),
+  // scale: the softmax's scale over the held scores (ScoreMods::scale).
+  __device__ Alibi(const FwdParams& p, float scale, int len_q_, int len_k_, int bidb, int bidh)
+      : slope(p.alibi_slopes == nullptr ? 0.f : p.alibi_slopes[bidb * p.alibi_slopes_batch_stride + bidh] / scale),
         len_q(len_q_), len_k(len_k_), key_only(p.causal && p.window_left < 0) {}
 
   // The bias over one thread's fragment of a tile, as a function of the fragment's indices: coord its tile

@@ -334,6 +334,38 @@ struct Dropout {
     return layout.place(pairs, lone_word, keep_limit(threshold));
   }
 
+  // The keep bits of a thread's kRows x kCols fragment of S (queries x keys, rowcol view) whose warps hold 8-key
+  // halves of the 16-key blocks (the SM80 backward's N-tiled warps): bit r kCols + c for score (r, c), drawn by
+  // halves, a pair of 8-key groups per call (an odd count draws the last group twice). coord holds the
+  // fragment's tile coordinates, row0 / key0 the tile's first query / key. The whole warp must call it.
+  template <int kRows, int kCols, class TensorC>
+  __device__ void draw_half_bits(uint32_t (&bits)[(kRows * kCols + 31) / 32], const TensorC& coord, int row0,
+                                 int key0) const {
+    using namespace cute;
+    constexpr int kGroups = kCols / 2;
+    CUTE_UNROLL
+    for (int i = 0; i < (kRows * kCols + 31) / 32; ++i) bits[i] = 0;
+    CUTE_UNROLL
+    for (int m = 0; m < kRows / 2; ++m) {
+      const int row_block = (row0 + get<0>(coord(2 * m, 0))) >> 4;
+      auto group_key = [&](int g) { return (key0 + get<1>(coord(0, 2 * g))) & ~7; };
+      KeepHalves keep;
+      CUTE_UNROLL
+      for (int n = 0; n < kGroups; ++n) {
+        if (n % 2 == 0) keep = draw_keep_halves(rng, row_block, group_key(n), group_key(n + 1 < kGroups ? n + 1 : n));
+        CUTE_UNROLL
+        for (int i = 0; i < 4; ++i) {  // byte 2 h + e: row half h, column e
+          const int bit = (2 * m + i / 2) * kCols + 2 * n + i % 2;
+          bits[bit / 32] |= uint32_t(keep_byte(keep.words[n % 2], i, threshold)) << (bit % 32);
+        }
+      }
+    }
+  }
+  template <int kCols, int kWords>
+  __device__ static bool kept_half_bit(const uint32_t (&bits)[kWords], int r, int c) {
+    return (bits[(r * kCols + c) / 32] >> ((r * kCols + c) % 32)) & 1u;
+  }
+
   // Zeroes the dropped entries of a thread's fragment of P (queries x keys) in rowcol view; coord holds the
   // tile coordinates, row0 / col0 the tile's first query / key in its sequence (col0 a multiple of 16).
   template <class TensorS, class TensorC>

@@ -1,4 +1,5 @@
-// Which keys each query row sees (Window), and S set to -inf where it sees none (Mask).
+// Which keys each query row sees (Window), the one predicate every kernel masks with (Mask::span, for S and the
+// backward's S^T), and S set to -inf where a row sees none (Mask::apply).
 #pragma once
 
 #include <cmath>
@@ -40,24 +41,41 @@ using MaskNone = std::integral_constant<int, 0>;
 using MaskRight = std::integral_constant<int, 1>;
 using MaskBoth = std::integral_constant<int, 2>;
 
+// What one line of a tile sees of the other index, in tile columns: [begin, end).
+struct Span {
+  int begin, end;
+  __device__ bool contains(int col) const { return col >= begin && col < end; }
+};
+
 struct Mask {
   Window window;
 
-  // S and coord are one thread's fragment of the S tile in (row, col) view; coord holds tile coordinates.
+  // Line `line` of a tile whose first column is col0: a query row of S sees keys [begin, end); kTransposed, a key
+  // row of S^T is seen by queries [begin, end). kClip: a line past its sequence (a query row >= len_q, a key >=
+  // len_k) sees nothing, for the backward, where such lines hold whatever the packed tensors have there.
+  template <bool kTransposed, bool kClip = false>
+  __device__ Span span(int line, int col0) const {
+    if constexpr (kTransposed) {
+      return {window.row_begin(line) - col0, kClip && line >= window.len_k ? 0 : window.row_end(line) - col0};
+    } else {
+      return {window.key_begin(line) - col0, kClip && line >= window.len_q ? 0 : window.key_end(line) - col0};
+    }
+  }
+
+  // The forward's mask: S to -inf where a query row does not see the key. S and coord are one thread's fragment
+  // of the S tile in (row, col) view; coord holds tile coordinates. Edges: which of the span's ends can cut
+  // the tile (MaskRight: the end alone).
   template <class Edges, class TensorS, class TensorC>
   __device__ void apply(Edges, TensorS& S, TensorC const& coord, int row0, int col0) const {
     static_assert(decltype(cute::rank(S))::value == 2);
     if constexpr (Edges::value != MaskNone::value) {
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(S); ++r) {
-        const int row = row0 + cute::get<0>(coord(r, 0));
-        // The row's visible keys in tile columns: [begin, end).
-        const int begin = Edges::value == MaskBoth::value ? window.key_begin(row) - col0 : 0;
-        const int end = window.key_end(row) - col0;
+        const Span keys = span</*kTransposed=*/false>(row0 + cute::get<0>(coord(r, 0)), col0);
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(S); ++c) {
           const int col = cute::get<1>(coord(r, c));
-          if (col >= end || (Edges::value == MaskBoth::value && col < begin)) S(r, c) = -INFINITY;
+          if (col >= keys.end || (Edges::value == MaskBoth::value && col < keys.begin)) S(r, c) = -INFINITY;
         }
       }
     }

@@ -1,4 +1,4 @@
-// FA2's online softmax over one thread's rows of S, kept in registers; and logit soft-capping.
+// FA2's online softmax over one thread's rows of S, kept in registers (the scores' modifiers: score_mod.h).
 //
 // O accumulates unnormalized: each new tile rescales O and the running row sums by exp(m_old - m_new)
 // once, and O is divided by the row sum only at the end. Scores stay unscaled; exponentials are
@@ -12,45 +12,6 @@
 #include "common/utils.h"
 
 namespace flash_attn2 {
-
-// Logit soft-capping: S (raw scores) -> tanh(S * scale / softcap), in place. The softmax then runs with
-// softcap as its scale, on softcap * tanh(scale S / softcap); masks set -inf after this.
-template <class TensorS>
-__device__ void softcap_scores(TensorS& S, float scale_over_softcap) {
-  CUTE_UNROLL
-  for (int i = 0; i < cute::size(S); ++i) S(i) = fast_tanh(S(i) * scale_over_softcap);
-}
-
-// The softcap's derivative, 1 - t^2, for t = tanh(...) of a score (0 where t is -inf: a masked score).
-__device__ __forceinline__ float softcap_grad(float t) { return fmaxf(0.f, 1.f - t * t); }
-
-// The Hopper backward's scores: with softcap (where the kernel is extended and the call sets it) they become
-// t = tanh(S scale / softcap), whose softmax scale is softcap and whose derivative 1 - t^2 dS picks up.
-struct BwdScores {
-  bool softcap;
-  float scale_log2, scale_over_softcap;
-
-  __device__ BwdScores(float softmax_scale, float softcap_value, bool extended)
-      : softcap(extended && softcap_value > 0.f),
-        scale_log2((softcap ? softcap_value : softmax_scale) * float(M_LOG2E)),
-        scale_over_softcap(softcap ? softmax_scale / softcap_value : 0.f) {}
-
-  // The extended kernels' P and dS of one score, in place: s (the raw score) becomes P = exp2((t + bias) scale
-  // log2e - LSE log2e), dp (dP) becomes dS = P (dP - D) (1 - t^2); a hidden pair (kept false) gets 0 for both.
-  // Dropout: zscale is the dropout scale where the pair is kept, 0 where dropped; P (for dV) becomes the
-  // dropped, scaled one and dS = P (zscale dP - D), D = rowsum(dO o O) being the dropped forward's.
-  __device__ __forceinline__ void p_and_ds(float& s, float& dp, float bias, float lse_log2, float dsum,
-                                           bool kept, float zscale = 1.f) const {
-    float grad = 1.f;
-    if (softcap) {
-      s = fast_tanh(s * scale_over_softcap);
-      grad = softcap_grad(s);
-    }
-    const float prob = fast_exp2((s + bias) * scale_log2 - lse_log2);
-    s = kept ? prob * zscale : 0.f;
-    dp = kept ? prob * (dp * zscale - dsum) * grad : 0.f;
-  }
-};
 
 template <int kRows>
 struct OnlineSoftmax {

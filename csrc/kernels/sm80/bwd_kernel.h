@@ -13,7 +13,6 @@
 
 #include <cute/tensor.hpp>
 
-#include "common/alibi.h"
 #include "common/block_range.h"
 #include "common/dropout.h"
 #include "sm80/dq_accum.h"
@@ -22,7 +21,7 @@
 #include "common/mask.h"
 #include "common/bwd_workspace.h"  // bwd_dkv_accum_offset
 #include "common/seqlen.h"
-#include "common/softmax.h"  // softcap
+#include "common/score_mod.h"
 #include "common/utils.h"
 
 namespace flash_attn2 {
@@ -168,9 +167,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
   // Softcap: the scores become t = tanh(S scale / softcap), whose softmax has softcap as its scale; dS picks
-  // up the factor 1 - t^2 (softcap_grad).
-  const bool softcap = kExtended && p.softcap > 0.f;
-  const float scale_log2 = (softcap ? p.softcap : p.softmax_scale) * float(M_LOG2E);
+  // up the factor 1 - t^2 (score_mod.h).
+  const ScoreMods mods(p, kExtended);
+  const float scale_log2 = mods.scale_log2;
   static_assert(kExtended || !kDropout);
   const Dropout dropout_batch(p, bidb, 0);
 
@@ -208,32 +207,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         lse_log2[r] = l == -INFINITY ? INFINITY : l * float(M_LOG2E);
         dsum[r] = row < seq.len_q ? softmax_d[dh * int64_t(p.total_q) + row] : 0.f;
       }
-      // Dropout's keep bits, one per score, drawn before the GEMMs while few registers are live. The warps
-      // hold 8-key halves of the 16-key blocks (N-tiled), so the draws go by halves.
-      constexpr int kCols = decltype(size<1>(tScS))::value, kGroups = kCols / 2;
+      // Dropout's keep bits, one per score, drawn before the GEMMs while few registers are live (by halves: the
+      // warps hold 8-key halves of the 16-key blocks).
+      constexpr int kCols = decltype(size<1>(tScS))::value;
       uint32_t kept_bits[(kRows * kCols + 31) / 32];
       const Dropout dropout = dropout_batch.with_head(p, bidb, h0 + dh);
-      if constexpr (kDropout) {
-        CUTE_UNROLL
-        for (int i = 0; i < (kRows * kCols + 31) / 32; ++i) kept_bits[i] = 0;
-        CUTE_UNROLL
-        for (int m = 0; m < kRows / 2; ++m) {
-          const int row_block = (row0 + get<0>(tScS(2 * m, 0))) >> 4;
-          auto group_key = [&](int g) { return (n_block * kBlockN + get<1>(tScS(0, 2 * g))) & ~7; };
-          KeepHalves keep;
-          CUTE_UNROLL
-          for (int n = 0; n < kGroups; ++n) {
-            if (n % 2 == 0) {  // a pair of groups per draw; an odd count draws the last group twice
-              keep = draw_keep_halves(dropout.rng, row_block, group_key(n), group_key(n + 1 < kGroups ? n + 1 : n));
-            }
-            CUTE_UNROLL
-            for (int i = 0; i < 4; ++i) {  // byte 2 h + e: row half h, column e
-              const int bit = (2 * m + i / 2) * kCols + 2 * n + i % 2;
-              kept_bits[bit / 32] |= uint32_t(keep_byte(keep.words[n % 2], i, dropout.threshold)) << (bit % 32);
-            }
-          }
-        }
-      }
+      if constexpr (kDropout) dropout.draw_half_bits<kRows, kCols>(kept_bits, tScS, row0, n_block * kBlockN);
       cp_async_wait<0>();
       __syncthreads();  // Q, dO[m] have landed; every warp is done with the other stages, P and dS
       Tensor acc_s = partition_fragment_C(mma_sdp, TileS{});   // (MMA, MMA_M, MMA_N)
@@ -252,11 +231,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
-      if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
+      mods.cap(S);  // ALiBi's bias goes on below, once the softcap's derivative is taken
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
       // Dropout: dP of the dropped pairs to 0 and of the kept ones times the scale, so that dS = P (Z dP s - D);
       // P itself after.
-      auto kept = [&](int r, int c) { return (kept_bits[(r * kCols + c) / 32] >> ((r * kCols + c) % 32)) & 1u; };
+      auto kept = [&](int r, int c) { return Dropout::kept_half_bit<kCols>(kept_bits, r, c); };
       if constexpr (kDropout) {
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
@@ -265,7 +244,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         }
       }
       // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
-      const auto alibi = Alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
+      const auto alibi = mods.alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
       auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
@@ -273,7 +252,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
           for (int c = 0; c < size<1>(S); ++c) {
             float s = S(r, c), grad = 1.f;  // the plain kernel adds no bias: x + 0.f is an FADD per score
             if constexpr (decltype(extended)::value) {
-              grad = softcap ? softcap_grad(s) : 1.f;
+              grad = mods.grad(s);
               s += alibi(r, c);  // 0 without
             }
             S(r, c) = fast_exp2(s * scale_log2 - lse_log2[r]);  // P

@@ -7,12 +7,12 @@
 
 #include <cute/tensor.hpp>
 
-#include "common/alibi.h"
 #include "common/block_range.h"
 #include "common/dropout.h"
 #include "flash_attn2/flash_attn2.h"
 #include "sm80/kernel_traits.h"
 #include "common/mask.h"
+#include "common/score_mod.h"
 #include "common/seqlen.h"
 #include "common/softmax.h"
 #include "common/tile_scheduler.h"
@@ -103,11 +103,11 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
 
   Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
   const Mask mask{window};
-  const bool softcap = kExtended && params.softcap > 0.f;
-  const Alibi alibi(params, seq.len_q, seq.len_k, bidb, bidh);
+  const ScoreMods mods(params, kExtended);
+  const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, bidh);
   static_assert(kExtended || !kDropout);
   const Dropout dropout(params, bidb, bidh);
-  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(softcap ? params.softcap : params.softmax_scale);
+  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(mods.scale);
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -119,10 +119,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     cp_async_fence();
     gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, tSsK, smem_copy_k);
     Tensor S = rowcol_view(acc_s);
-    if constexpr (kExtended) {
-      if (softcap) softcap_scores(S, params.softmax_scale / params.softcap);
-      if (alibi.slope != 0.f) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
-    }
+    if constexpr (kExtended) mods.apply(S, alibi, tScS, m_block * kBlockM, n_block * kBlockN);
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed, and every warp is done reading K[n]

@@ -10,9 +10,10 @@
 
 #include "sm90/bwd_work.h"
 
-#include "common/alibi.h"
+#include "sm90/bwd_epilogue.h"
+
 #include "common/dropout.h"
-#include "common/softmax.h"  // BwdScores
+#include "common/score_mod.h"
 
 namespace flash_attn2::sm90 {
 
@@ -66,7 +67,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileSt{})));  // (keys, queries) -> coords
   constexpr int kCols = decltype(size<1>(tScS))::value;
-  const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
+  const ScoreMods scores(p, kExtended);
   const float scale_log2 = scores.scale_log2;
   static_assert(kExtended || !kDropout);
   const Dropout dropout_batch(p, work.bidb, 0);
@@ -129,22 +130,20 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     // Where a pair may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be
     // anything (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
     const auto bias =
-        Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
+        scores.alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
-      // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
-      int rows_begin[size<0>(St)], rows_end[size<0>(St)];
+      // Key r is seen by the block's query rows in rows[r] (none past the sequence).
+      Span rows[size<0>(St)];
       if constexpr (decltype(masked)::value) {
+        const Mask mask{work.window};
         CUTE_UNROLL
         for (int r = 0; r < size<0>(St); ++r) {
-          const int key = key0 + get<0>(tScS(r, 0));
-          rows_begin[r] = work.window.row_begin(key) - row0;
-          rows_end[r] = key < seq.len_k ? work.window.row_end(key) - row0 : 0;
+          rows[r] = mask.span</*kTransposed=*/true, /*kClip=*/true>(key0 + get<0>(tScS(r, 0)), row0);
         }
       }
       auto keep = [&](int r, int c) {
         if constexpr (decltype(masked)::value) {
-          const int row = get<1>(tScS(r, c));
-          return row >= rows_begin[r] && row < rows_end[r];
+          return rows[r].contains(get<1>(tScS(r, c)));
         } else {
           return true;
         }
@@ -275,17 +274,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     float* dk_acc = work.dkv_accum(p, 0);
     float* dv_acc = work.dkv_accum(p, 1);
     barrier_arrive(&smem.kv_empty);  // the last dQ = dS K is done with K (finish_dq waited for it)
-    CUTE_UNROLL
-    for (int r = 0; r < size<0>(dK); ++r) {
-      const int key = key0 + get<0>(tdKcdK(r, 0));
-      if (key >= seq.len_k) continue;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(dK); c += 2) {
-        const int64_t at = int64_t(key) * kHeadDim + get<1>(tdKcdK(r, c));
-        red_add_global_x2(dk_acc + at, dK(r, c), dK(r, c + 1));
-        red_add_global_x2(dv_acc + at, dV(r, c), dV(r, c + 1));
-      }
-    }
+    add_dkv_shares</*kTransposed=*/false, kHeadDim>(dK, dV, tdKcdK, key0, 0, seq.len_k, p.head_dim, dk_acc, dv_acc);
     return;
   }
   // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row
@@ -293,12 +282,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
   // next step takes, which no dQ reads any more (the last was two steps back, before the last kdSWritten),
   // and K and V go at once, so that the next key block's loads overlap this epilogue. Else in the
   // warpgroup's own rows of K and V, once every warpgroup's last dQ = dS K (which reads all of K) is done.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
-  Tensor rdK = convert_fragment<Element>(acc_dk);
-  Tensor rdV = convert_fragment<Element>(acc_dv);
-  auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
-  auto smem_thr_kv = smem_copy_kv.get_thread_slice(thread);
+  const auto [rdK, rdV] = dkv_in_dtype<Element>(acc_dk, acc_dv, p.softmax_scale);
   auto [sdK, sdV] = [&] {  // (64, D) each: where dK and dV stage
     if constexpr (Traits::kDKVInDS) {
       barrier_arrive(&smem.kv_empty);  // the last dQ = dS K is done with K (finish_dq waited for it)
@@ -312,14 +296,9 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
       return cute::make_tuple(sKw, sVw);
     }
   }();
-  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdK), smem_thr_kv.partition_D(sdK));
-  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdV), smem_thr_kv.partition_D(sdV));
+  stage_dkv<SM90_U32x4_STSM_N>(mma_dkv, thread, rdK, rdV, sdK, sdV);
   named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));
-  const int rows = seq.len_k - key0;
-  store_rows(sdK, work.template dkv_out<Element>(p, 0) + int64_t(key0) * p.dk_row_stride, p.dk_row_stride, rows,
-             p.head_dim, thread, 128);
-  store_rows(sdV, work.template dkv_out<Element>(p, 1) + int64_t(key0) * p.dv_row_stride, p.dv_row_stride, rows,
-             p.head_dim, thread, 128);
+  store_dkv_rows<Element>(p, work, sdK, sdV, key0, thread, 128);
   if constexpr (Traits::kDKVInDS) {
     // Every warp's reads above before the next tile's first dS^T writes, which map warps to other rows.
     named_barrier_sync(Traits::kConsumerThreads, int(BwdBarrier::kEpilogue));

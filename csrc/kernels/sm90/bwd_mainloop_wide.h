@@ -10,9 +10,10 @@
 
 #include "sm90/bwd_work.h"
 
-#include "common/alibi.h"
+#include "sm90/bwd_epilogue.h"
+
 #include "common/dropout.h"
-#include "common/softmax.h"  // BwdScores
+#include "common/score_mod.h"
 
 namespace flash_attn2::sm90 {
 
@@ -76,7 +77,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
 
   Tensor tScS = rowcol_view(thr_sdp.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (queries, keys) -> coords
   constexpr int kRows = decltype(size<0>(tScS))::value, kCols = decltype(size<1>(tScS))::value;
-  const BwdScores scores(p.softmax_scale, p.softcap, kExtended);
+  const ScoreMods scores(p, kExtended);
   const float scale_log2 = scores.scale_log2;
   static_assert(kExtended || !kDropout);
   static_assert(kKeys % 8 == 0 && (kKeys % 16 == 0 || (kKeys / 8) % 2 == 1) && Traits::kBlockN % 16 == 0,
@@ -114,22 +115,20 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs (plain kernels), then dS = P o (dP - D); where a pair
     // may be hidden (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
-    const auto bias = Alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
+    const auto bias = scores.alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
-      // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
-      int keys_begin[kRows], keys_end[kRows];
+      // Query row r sees the block's keys in keys[r] (none past the sequence).
+      Span keys[kRows];
       if constexpr (decltype(masked)::value) {
+        const Mask mask{work.window};
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          const int row = row0 + get<0>(tScS(r, 0));
-          keys_begin[r] = work.window.key_begin(row) - key0;
-          keys_end[r] = row < seq.len_q ? work.window.key_end(row) - key0 : 0;
+          keys[r] = mask.span</*kTransposed=*/false, /*kClip=*/true>(row0 + get<0>(tScS(r, 0)), key0);
         }
       }
       auto keep = [&](int r, int c) {
         if constexpr (decltype(masked)::value) {
-          const int key = get<1>(tScS(r, c));
-          return key >= keys_begin[r] && key < keys_end[r];
+          return keys[r].contains(get<1>(tScS(r, c)));
         } else {
           return true;
         }
@@ -239,53 +238,29 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   Tensor dKt = rowcol_view(acc_dkt);  // (D_w, keys)
   Tensor dVt = rowcol_view(acc_dvt);  // (D_w, keys)
   Tensor tdKcdK = rowcol_view(thr_dkv.partition_C(make_identity_tensor(typename Traits::TiledKVt{})));  // (D_w, keys) -> coords
-  auto for_each = [&](auto&& f) {  // f(key, column, r, c)
-    CUTE_UNROLL
-    for (int r = 0; r < size<0>(dKt); ++r) {
-      const int col = wg * kDRows + get<0>(tdKcdK(r, 0));
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(dKt); ++c) {
-        const int key = n_block * kBlockN + get<1>(tdKcdK(r, c));
-        if (key < seq.len_k && col < p.head_dim) f(key, col, r, c);
-      }
-    }
-  };
   if (args.head_splits > 1) {
     float* dk_acc = work.dkv_accum(p, 0);
     float* dv_acc = work.dkv_accum(p, 1);
     barrier_arrive(&smem.kv_empty);  // the last dQ part was waited for: K and V are free
-    for_each([&](int key, int col, int r, int c) {
-      atomicAdd(dk_acc + int64_t(key) * kHeadDim + col, dKt(r, c));
-      atomicAdd(dv_acc + int64_t(key) * kHeadDim + col, dVt(r, c));
-    });
+    add_dkv_shares</*kTransposed=*/true, kHeadDim>(dKt, dVt, tdKcdK, n_block * kBlockN, wg * kDRows, seq.len_k,
+                                                   p.head_dim, dk_acc, dv_acc);
     return;
   }
   // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row
   // stores: each warpgroup writes its head-dim columns of every key into K and V with transposing
   // stmatrix (its accumulators hold dK^T and dV^T), once every warpgroup's GEMMs are done with them.
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_dkt); ++i) acc_dkt(i) *= p.softmax_scale;
-  Tensor rdKt = convert_fragment<Element>(acc_dkt);
-  Tensor rdVt = convert_fragment<Element>(acc_dvt);
-  auto smem_copy_kv = make_tiled_copy_C(Copy_Atom<SM90_U16x8_STSM_T, Element>{}, mma_dkv);
-  auto smem_thr_kv = smem_copy_kv.get_thread_slice(thread);
+  const auto [rdKt, rdVt] = dkv_in_dtype<Element>(acc_dkt, acc_dvt, p.softmax_scale);
   auto own_columns = [&](Element* base, auto layout) {  // (D_w, N): this warpgroup's columns of K or V, transposed
     auto transposed = composition(layout, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>>{}, Step<_2, _1>{}));
     return local_tile(make_tensor(make_smem_ptr(base), transposed), typename Traits::TiledKVt{}, make_coord(wg, _0{}));
   };
   named_barrier_sync(kThreads, int(BwdBarrier::kEpilogue));
-  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdKt),
-             smem_thr_kv.partition_D(own_columns(smem.k.data(), typename Traits::SmemLayoutK{})));
-  cute::copy(smem_copy_kv, smem_thr_kv.retile_S(rdVt),
-             smem_thr_kv.partition_D(own_columns(smem.v.data(), typename Traits::SmemLayoutV{})));
+  stage_dkv<SM90_U16x8_STSM_T>(mma_dkv, thread, rdKt, rdVt, own_columns(smem.k.data(), typename Traits::SmemLayoutK{}),
+                               own_columns(smem.v.data(), typename Traits::SmemLayoutV{}));
   named_barrier_sync(kThreads, int(BwdBarrier::kEpilogue));
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutK{});  // (N, D)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});  // (N, D)
-  const int first_key = n_block * kBlockN, rows = seq.len_k - first_key;
-  store_rows(sK, work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride, rows,
-             p.head_dim, wg * 128 + thread, kThreads);
-  store_rows(sV, work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride, rows,
-             p.head_dim, wg * 128 + thread, kThreads);
+  store_dkv_rows<Element>(p, work, sK, sV, n_block * kBlockN, wg * 128 + thread, kThreads);
   cutlass::arch::fence_view_async_shared();  // the reads above before the next key block's TMA writes
   barrier_arrive(&smem.kv_empty);
 }

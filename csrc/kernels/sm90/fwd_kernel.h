@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       const BlockRange blocks =
           fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
       if (blocks.n_max <= blocks.n_min) {
-        fwd_store_empty_tile<Traits>(p, seq, tile.bidb, tile.bidh, tile.block, thread);
+        FwdEpilogueSm90<Traits>::store_zero(p, seq, tile.bidb, tile.bidh, tile.block, thread);
         continue;
       }
       fwd_consume_tile<Traits, kExtended, kDropout>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, thread, k_state, v_state, q_phase);

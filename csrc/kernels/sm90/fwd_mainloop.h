@@ -1,6 +1,6 @@
 // The roles of one Hopper forward block on one tile: the producer's TMA loads (fwd_produce_tile) and a
-// consumer warpgroup's mainloop and epilogue (fwd_consume_tile, fwd_store_empty_tile). fwd_kernel.h
-// walks the tiles and hands them out; its comment describes the pipeline.
+// consumer warpgroup's mainloop (fwd_consume_tile), which hands its softmax state and O to the epilogue
+// (fwd_epilogue.h). fwd_kernel.h walks the tiles and hands them out; its comment describes the pipeline.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
@@ -9,23 +9,20 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
-#include "common/alibi.h"
 #include "common/block_range.h"
 #include "common/dropout.h"
 #include "common/mask.h"
+#include "common/score_mod.h"
 #include "common/seqlen.h"
 #include "common/softmax.h"
 #include "common/utils.h"
+#include "sm90/fwd_epilogue.h"
 #include "sm90/tma.h"
 #include "sm90/wgmma.h"
 
 namespace flash_attn2 {
 
 namespace sm90 {
-
-// Named barriers (ids above CUTLASS's reserved ones).
-// Per consumer warpgroup (at most 3): its ping-pong turn, its own 128 threads; then the zeroed V tail (varlen).
-enum class Barrier : int { kWarpgroup0 = 0, kWarpgroupSync0 = 3, kVTail = 6 };
 
 // The key blocks consumer warpgroup `warpgroup`'s 64 rows of a tile visit: the tile's, less those past
 // the window's right edge for its own rows; none for rows past the sequence. Empty when n_max == n_min.
@@ -119,28 +116,8 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   }
 }
 
-// A tile without visible keys: out 0 and LSE -inf, stored directly (shared memory may already hold the
-// next tile's Q).
-template <class Traits>
-__device__ void fwd_store_empty_tile(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
-                                     int thread) {
-  using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM, kVecsPerRow = Traits::kHeadDim / 8;
-  const int rows_left = seq.len_q - m_block * kBlockM;
-  Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
-                 bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
-  float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
-  // Not clear_rows: its runtime row width (a division in the loop) made ptxas lay out the whole plain kernel
-  // otherwise, and the d 64 forward ran 1-3% slower (TUNING 114).
-  for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
-    const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
-    if (row < rows_left && col < p.head_dim) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
-    if (row < rows_left && col == 0) lse[row] = -INFINITY;
-  }
-}
-
 // One consumer warpgroup's share of a tile, its 64 query rows (thread: index among all consumer threads):
-// the mainloop, then O and the LSE through shared memory. Warpgroups run on their own but for the
+// the mainloop, whose softmax state and O the epilogue then stores (FwdEpilogueSm90::store). Warpgroups run on their own but for the
 // ping-pong turns: each visits only the key blocks its rows see (causal rows near the diagonal see fewer
 // than the tile, rows past the sequence none) and passes the others by. The pipeline states carry over.
 // kExtended (kernel_kind.h): a window's left edge, whose blocks mask both edges, softcap and ALiBi; with
@@ -160,8 +137,6 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
-  Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? smem.o.data() : smem.q.data()),
-                          typename Traits::SmemLayoutQ{});  // (kBlockM, D)
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
@@ -177,11 +152,11 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   constexpr int kRows = decltype(size<0>(tScS))::value;
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
-  const bool softcap = kExtended && p.softcap > 0.f;
-  const Alibi alibi(p, seq.len_q, seq.len_k, bidb, bidh);
+  const ScoreMods mods(p, kExtended);
+  const Alibi alibi = mods.alibi(p, seq.len_q, seq.len_k, bidb, bidh);
   static_assert(kExtended || !kDropout);
   const Dropout dropout(p, bidb, bidh);
-  OnlineSoftmax<kRows> softmax(softcap ? p.softcap : p.softmax_scale);
+  OnlineSoftmax<kRows> softmax(mods.scale);
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
   // S = Q K[n]^T of the next block is issued before O += P V[n + 1] of the current one, so the softmax of
@@ -250,12 +225,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   auto softmax_step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
     constexpr bool kSplitAlibi = kExtended && !kDropout;
     float alibi_shift[kRows] = {};  // the scores are S + alibi_shift[r]
-    if constexpr (kExtended) {
-      if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
-      if (alibi.slope != 0.f) {
-        if constexpr (kSplitAlibi) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN, alibi_shift);
-        else alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
-      }
+    if constexpr (kSplitAlibi) {
+      mods.apply(S, alibi, tScS, m_block * kBlockM, n_block * kBlockN, alibi_shift);
+    } else if constexpr (kExtended) {
+      mods.apply(S, alibi, tScS, m_block * kBlockM, n_block * kBlockN);
     }
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     // Lazy above d 128, where O's rescale is 96-128 multiplies a thread and no ping-pong hides it (TUNING 69).
@@ -356,61 +329,9 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     release_q();
   }
 
-  // Epilogue: normalize (rows that saw no key get O = 0, LSE = -inf), stage this warpgroup's O rows in
-  // its shared-memory slab, write the LSE, then one TMA store of the slab (fixed length: TMA clips the
-  // rows past the sequence) or 16-byte row stores (varlen: rows past a sequence belong to the next one).
-  // The TMA store runs on while the warpgroup starts its next tile.
-  const bool tma_store = p.cu_seqlens_q == nullptr;
-  float row_lse[kRows];
-  softmax.finalize(O, row_lse);
-  if constexpr (kDropout) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
-  }
-  Tensor rO = convert_fragment<Element>(acc_o);
-  if (release_thread) tma_store_wait<0>();  // the last tile's store has read the slab
-  warpgroup_sync();  // and so have the row stores, and this tile's S = Q K^T
-  // stmatrix: one instruction per four 8 x 8 blocks of O (16 per thread at d 256, against 64 4-byte stores).
-  auto smem_copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
-  auto smem_thr_o = smem_copy_o.get_thread_slice(thread);
-  cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
-
-  const int rows_left = seq.len_q - m_block * kBlockM;
-  float* lse = p.lse + seq.offset_q(p.lse_batch_stride, 1, bidb) + bidh * p.lse_head_stride + m_block * kBlockM;
-  if (get<1>(tScS(0, 0)) == 0) {  // the quad's first thread owns column 0 of its rows
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int row = get<0>(tScS(r, 0));
-      if (row < rows_left) lse[row] = row_lse[r];
-    }
-  }
-  if (tma_store) {
-    cutlass::arch::fence_view_async_shared();  // the slab's writes, visible to the TMA unit
-    warpgroup_sync();
-    if (release_thread) {
-      Tensor mO = args.tma_o.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch) coordinates
-      Tensor gO = local_tile(mO(_, _, bidh, bidb), typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, m)
-      Tensor sO_slabs = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
-      auto tO = tma_partition(args.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO_slabs), group_modes<0, 2>(gO));
-      copy(args.tma_o, get<1>(tO)(_, warpgroup), get<0>(tO)(_, m_block * kGroups + warpgroup));
-      tma_store_arrive();
-    }
-  } else {
-    warpgroup_sync();
-    const int row0 = m_block * kBlockM + warpgroup * 64;  // this warpgroup's slab
-    Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
-                   bidh * p.o_head_stride + int64_t(row0) * p.o_row_stride;
-    Tensor sOw = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(warpgroup, _0{}));  // (64, D)
-    store_rows(sOw, out, p.o_row_stride, rows_left - warpgroup * 64, p.head_dim, thread % 128, 128);
-  }
-  if constexpr (!Traits::kSeparateO) {  // the slab is Q's: free once read
-    if (tma_store) {
-      if (release_thread) tma_store_wait<0>();
-    } else {
-      warpgroup_sync();
-    }
-    release_q();
-  }
+  // O and the LSE leave through this warpgroup's slab of shared memory.
+  const FwdEpilogueSm90<Traits> epilogue{args, smem, seq, bidb, bidh, m_block, thread, warpgroup};
+  epilogue.template store<kDropout>(softmax, acc_o, mma_o, dropout.scale);
 }
 
 }  // namespace sm90

@@ -108,6 +108,12 @@ struct FwdTraitsSm90 {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
 };
 
+namespace sm90 {
+// Named barriers of the forward (ids above CUTLASS's reserved ones). Per consumer warpgroup (at most 3): its
+// ping-pong turn, its own 128 threads; then the zeroed V tail (varlen).
+enum class Barrier : int { kWarpgroup0 = 0, kWarpgroupSync0 = 3, kVTail = 6 };
+}  // namespace sm90
+
 template <class Traits>
 struct FwdArgsSm90 {
   FwdParams params;

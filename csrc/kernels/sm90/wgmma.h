@@ -47,7 +47,26 @@ struct PipelineState {
 };
 
 __device__ __forceinline__ void barrier_init(uint64_t* bar, int count) { cutlass::arch::ClusterBarrier::init(bar, count); }
+#if !defined(FLASH_ATTN2_DEBUG_HANG)
 __device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t phase) { cutlass::arch::ClusterBarrier::wait(bar, phase); }
+#else
+// Debug builds (FLASH_ATTN2_DEBUG_HANG=<cycles>, a build knob): a wait still open after that many cycles (2e9: about a
+// second) prints its block, warp, barrier (shared-memory address) and phase, then traps, so that a hang ends as a
+// launch failure that says where it waited (TUNING 62 found its hang this way: one warp of four still waiting on a
+// stage the other three had released).
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t phase) {
+  const long long start = clock64();
+  while (!cutlass::arch::ClusterBarrier::try_wait(bar, phase)) {
+    if (clock64() - start > (long long)(FLASH_ATTN2_DEBUG_HANG)) {
+      if (int(threadIdx.x % 32) == __ffs(__activemask()) - 1) {
+        printf("flash_attn2 hang: block %d warp %d waits on barrier 0x%x, phase %u\n", int(blockIdx.x),
+               int(threadIdx.x / 32), unsigned(cute::cast_smem_ptr_to_uint(bar)), phase);
+      }
+      __trap();
+    }
+  }
+}
+#endif
 __device__ __forceinline__ void barrier_arrive(uint64_t* bar) { cutlass::arch::ClusterBarrier::arrive(bar); }
 __device__ __forceinline__ void barrier_expect_tx(uint64_t* bar, uint32_t bytes) {
   cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar, bytes);
