@@ -129,7 +129,7 @@ def test_sm80_backward_head_splits(causal, varlen, head_dim, monkeypatch):
 def test_bwd_l2_head_splits(backend, monkeypatch):
     """GQA 7:1 (no power-of-two split), causal, head dim 256, 10k rows: a block's heads would hold
     7 x 10000 x 2 KB = 143 MB of Q, dO and dQ-accumulator rows, more than twice the L2 (50 MB on an H100), so
-    the query heads split 7 ways (registry.h: bwd_head_splits); the profiler shows the split blocks' dK / dV
+    the query heads split 7 ways (csrc/heuristics.h: bwd_head_splits); the profiler shows the split blocks' dK / dV
     conversion running."""
     dtype, seqlen = torch.bfloat16, 10000
     require_kernel(256, dtype)

@@ -145,7 +145,7 @@ def test_window_public_api_and_deterministic(causal, window):
 def test_window_bwd_head_splits(backend, monkeypatch):
     """GQA 8:1, head dim 128, 8k rows, window 512: the blocks that run together would span 8k query rows of 8
     heads (67 MB of Q, dO and dQ-accumulator rows), more than half the L2 of an H100, so the query heads split
-    (registry.h: bwd_head_splits) and dK / dV go through fp32 accumulators; the profiler shows their
+    (csrc/heuristics.h: bwd_head_splits) and dK / dV go through fp32 accumulators; the profiler shows their
     conversion running."""
     dtype, seqlen, window = torch.bfloat16, 8192, (511, 0)
     require_kernel(128, dtype)

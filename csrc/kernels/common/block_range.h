@@ -22,7 +22,7 @@ template <int kBlockN>
 __host__ __device__ int blocks_to(int key) { return int((unsigned(key) + kBlockN - 1) / kBlockN); }
 
 // Query block m_block: rows [m_block * kBlockM, min((m_block + 1) * kBlockM, len_q)), not empty. Without a
-// left edge (kLeftEdge false: has_left_edge) the blocks start at 0 and none masks both edges.
+// left edge (kLeftEdge false: the plain kernels') the blocks start at 0 and none masks both edges.
 template <int kBlockM, int kBlockN, bool kLeftEdge>
 __device__ BlockRange fwd_block_range(const Window& w, int m_block) {
   const int row_first = m_block * kBlockM, row_last = min(row_first + kBlockM, w.len_q) - 1;

@@ -14,8 +14,9 @@
 //              | ... | dK accumulator (heads_k, total_k, width) | dV accumulator (same) |   (head splits)
 //                    bwd_dkv_accum_offset(kv = 0)            (kv = 1)
 //
-// The dK / dV accumulators start after the largest dQ layout without deterministic splits (the SM80 one), so
-// their offset does not depend on the path. The converters sit with the kernels that read each layout:
+// The dK / dV accumulators start after the largest dQ layout without deterministic splits (the SM80 one), in the
+// row width of the kernel that adds into them (the bucket on SM80; the Hopper kernel's, which pads 160 / 224 to
+// 192 / 256); bwd_dq_accum_size covers both. The converters sit with the kernels that read each layout:
 // Sm80ThreadMajor's in sm80/dq_accum.h (convert_dq_kernel), the Hopper ones and dK / dV's in bwd_aux.cu.
 // Host and device code, no CuTe.
 #pragma once
@@ -41,7 +42,8 @@ constexpr int64_t bwd_softmax_d_size(const BwdParams& p) { return bwd_tile_count
 
 enum class DQLayout { kSm80ThreadMajor, kSm90Rows, kSm90Fragments };
 
-// Sm80ThreadMajor: query rows per SM80 backward tile (sm80/tile_size.h asserts its tiles agree). Sequence b
+// Sm80ThreadMajor: query rows per SM80 backward tile (sm80/tile_size.h builds its tiles with it, and
+// sm80/kernel_traits.h asserts they agree). Sequence b
 // starts at row start_b + b * bwd_block_m of a head's region, so that its last, partial tile ends before the
 // next sequence's first; sm80/dq_accum.h stores each tile thread-major.
 constexpr int bwd_block_m(int head_dim) { return head_dim <= 64 ? 128 : 64; }
@@ -49,8 +51,8 @@ __host__ __device__ constexpr int64_t bwd_dq_rows_sm80(const BwdParams& p, int b
   return p.total_q + int64_t(p.batch) * block_m;
 }
 
-// Sm90Rows (kernels with 128-row steps or 32-column dQ parts: d <= 64 without dropout, d > 128): where the
-// TMA reduce-add boxes land.
+// Sm90Rows (kernels with 128-row steps or 32-column dQ parts: d 32, d 64's plain and plain-ALiBi kernels, d > 128;
+// sm90/tile_size.h: bwd_tile_sm90): where the TMA reduce-add boxes land.
 __host__ __device__ inline int64_t bwd_dq_accum_offset_sm90(const BwdParams& p, int width, int head, int64_t packed_row) {
   return (int64_t(head) * p.total_q + packed_row) * width;
 }

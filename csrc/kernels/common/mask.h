@@ -1,5 +1,5 @@
-// Which keys each query row sees (Window), the one predicate every kernel masks with (Mask::span, for S and the
-// backward's S^T), and S set to -inf where a row sees none (Mask::apply).
+// Which keys each query row sees (Window), the one predicate every kernel masks with (Window::span, for S and the
+// backward's S^T), and S set to -inf where a row does not see a key (Mask::apply).
 #pragma once
 
 #include <cmath>
@@ -10,6 +10,12 @@
 #include "flash_attn2/flash_attn2.h"
 
 namespace flash_attn2 {
+
+// What one line of a tile sees of the other index, in tile columns: [begin, end).
+struct Span {
+  int begin, end;
+  __host__ __device__ bool contains(int col) const { return col >= begin && col < end; }
+};
 
 // flash-attn's window, aligned to the bottom-right corner like causal: row i sees key j < len_k iff
 // i + diag - left <= j <= i + diag + right, diag = len_k - len_q; causal is right = 0. A side at least as
@@ -32,6 +38,21 @@ struct Window {
   // Key j is seen by rows [row_begin(j), row_end(j)) (j < len_k).
   __host__ __device__ int row_begin(int key) const { return max(0, (key - len_k + 1) + right_row); }
   __host__ __device__ int row_end(int key) const { return len_q - max(0, (len_q - 1 - left_row) - key); }
+
+  // Line `line` of a tile whose first column is col0: a query row of S sees keys [begin, end); kTransposed, a key
+  // row of S^T is seen by queries [begin, end).
+  template <bool kTransposed>
+  __host__ __device__ Span span(int line, int col0) const {
+    if constexpr (kTransposed) return {row_begin(line) - col0, row_end(line) - col0};
+    else return {key_begin(line) - col0, key_end(line) - col0};
+  }
+  // The same where a line at or past `lines` (its sequence's end: len_q for query rows, len_k for keys) sees
+  // nothing: the backward's, whose lines past the sequence hold whatever the packed tensors have there.
+  template <bool kTransposed>
+  __host__ __device__ Span span(int line, int col0, int lines) const {
+    if constexpr (kTransposed) return {row_begin(line) - col0, line < lines ? row_end(line) - col0 : 0};
+    else return {key_begin(line) - col0, line < lines ? key_end(line) - col0 : 0};
+  }
 };
 
 // Which edges a step masks: none (blocks inside the window), the right one (the causal diagonal or the
@@ -41,26 +62,8 @@ using MaskNone = std::integral_constant<int, 0>;
 using MaskRight = std::integral_constant<int, 1>;
 using MaskBoth = std::integral_constant<int, 2>;
 
-// What one line of a tile sees of the other index, in tile columns: [begin, end).
-struct Span {
-  int begin, end;
-  __device__ bool contains(int col) const { return col >= begin && col < end; }
-};
-
 struct Mask {
   Window window;
-
-  // Line `line` of a tile whose first column is col0: a query row of S sees keys [begin, end); kTransposed, a key
-  // row of S^T is seen by queries [begin, end). kClip: a line past its sequence (a query row >= len_q, a key >=
-  // len_k) sees nothing, for the backward, where such lines hold whatever the packed tensors have there.
-  template <bool kTransposed, bool kClip = false>
-  __device__ Span span(int line, int col0) const {
-    if constexpr (kTransposed) {
-      return {window.row_begin(line) - col0, kClip && line >= window.len_k ? 0 : window.row_end(line) - col0};
-    } else {
-      return {window.key_begin(line) - col0, kClip && line >= window.len_q ? 0 : window.key_end(line) - col0};
-    }
-  }
 
   // The forward's mask: S to -inf where a query row does not see the key. S and coord are one thread's fragment
   // of the S tile in (row, col) view; coord holds tile coordinates. Edges: which of the span's ends can cut
@@ -71,7 +74,7 @@ struct Mask {
     if constexpr (Edges::value != MaskNone::value) {
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(S); ++r) {
-        const Span keys = span</*kTransposed=*/false>(row0 + cute::get<0>(coord(r, 0)), col0);
+        const Span keys = window.span</*kTransposed=*/false>(row0 + cute::get<0>(coord(r, 0)), col0);
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(S); ++c) {
           const int col = cute::get<1>(coord(r, c));

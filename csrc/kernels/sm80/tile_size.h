@@ -1,6 +1,6 @@
 // The SM80 path's tiles: one constexpr table per direction, (head dim, which tile) -> a small struct, and the
 // CuTe-free tile types the traits take (kernel_traits.h). Starting points were FA2's SM80 choices; head dims
-// 64, 128 and 256 were measured on H200 (benchmarks/TUNING.md steps 6-13).
+// 64, 128 and 256 were measured on H200 (benchmarks/TUNING.md steps 1-5 for the forward, 6-13 for the backward).
 #pragma once
 
 #include "common/bwd_workspace.h"  // bwd_block_m

@@ -23,7 +23,7 @@ namespace flash_attn2::sm90 {
 // reduction; transposed ones (D, keys) one element per atomic (consecutive keys are a row apart), columns
 // from col0, past head_dim clipped.
 template <bool kTransposed, int kHeadDim, class TensorK, class TensorV, class TensorC>
-__device__ void add_dkv_shares(const TensorK& dK, const TensorV& dV, const TensorC& coord, int key0, int col0,
+__device__ __forceinline__ void add_dkv_shares(const TensorK& dK, const TensorV& dV, const TensorC& coord, int key0, int col0,
                                int len_k, int head_dim, float* dk_acc, float* dv_acc) {
   using namespace cute;
   if constexpr (!kTransposed) {
@@ -56,7 +56,7 @@ __device__ void add_dkv_shares(const TensorK& dK, const TensorV& dV, const Tenso
 
 // Else dK = scale dS^T Q (acc_dk times softmax_scale) and dV in the input dtype, as register fragments.
 template <class Element, class AccK, class AccV>
-__device__ auto dkv_in_dtype(AccK& acc_dk, const AccV& acc_dv, float softmax_scale) {
+__device__ __forceinline__ auto dkv_in_dtype(AccK& acc_dk, const AccV& acc_dv, float softmax_scale) {
   CUTE_UNROLL
   for (int i = 0; i < cute::size(acc_dk); ++i) acc_dk(i) *= softmax_scale;
   return cute::make_tuple(convert_fragment<Element>(acc_dk), convert_fragment<Element>(acc_dv));
@@ -65,7 +65,7 @@ __device__ auto dkv_in_dtype(AccK& acc_dk, const AccV& acc_dv, float softmax_sca
 // Those fragments (of mma's accumulators) into shared memory sdK / sdV with stmatrix: StsmAtom SM90_U32x4_STSM_N
 // for (keys, D) accumulators, the transposing SM90_U16x8_STSM_T for (D, keys) ones.
 template <class StsmAtom, class TiledMma, class RegK, class RegV, class SmemK, class SmemV>
-__device__ void stage_dkv(const TiledMma& mma, int thread, const RegK& rdK, const RegV& rdV, SmemK&& sdK, SmemV&& sdV) {
+__device__ __forceinline__ void stage_dkv(const TiledMma& mma, int thread, const RegK& rdK, const RegV& rdV, SmemK&& sdK, SmemV&& sdV) {
   using namespace cute;
   using Element = typename RegK::value_type;
   auto copy = make_tiled_copy_C(Copy_Atom<StsmAtom, Element>{}, mma);
@@ -77,7 +77,7 @@ __device__ void stage_dkv(const TiledMma& mma, int thread, const RegK& rdK, cons
 // The staged rows (sdK, sdV: (keys, D) from first_key) to dK and dV as 16-byte row stores by `threads` threads,
 // keys past the sequence and columns past head_dim clipped.
 template <class Element, class Work, class SmemK, class SmemV>
-__device__ void store_dkv_rows(const BwdParams& p, const Work& work, const SmemK& sdK, const SmemV& sdV, int first_key,
+__device__ __forceinline__ void store_dkv_rows(const BwdParams& p, const Work& work, const SmemK& sdK, const SmemV& sdV, int first_key,
                                int thread, int threads) {
   const int rows = work.seq.len_k - first_key;
   store_rows(sdK, work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride, rows,

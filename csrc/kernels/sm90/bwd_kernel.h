@@ -2,7 +2,8 @@
 //
 // Persistent: one block per SM walks the slots of (key block, batch, kv head) (longest causal key blocks
 // first), claiming each next one as it nears the end of a tile, so that one key block's epilogue overlaps
-// the next one's first loads. Per key block, warpgroup 0's first warp loads K and V once and then, for
+// the next one's first loads. Per key block, warpgroup 0's first warp loads K (and, at head dim > 128, V;
+// below, its fourth warp loads V) once and then, for
 // every query head of the group and every query block that sees these keys, Q[m] (with its rows' D and
 // LSE) and dO[m] into their rings; its next warps, one per consumer warpgroup, add that warpgroup's staged
 // dQ shares to the fp32 accumulator (the TMA unit's reduce-add). The further warpgroups consume the ring: at head dim

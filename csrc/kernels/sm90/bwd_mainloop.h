@@ -3,9 +3,9 @@
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T from registers), dS^T -> shared memory,
 //   dQ[:, own half of D] = dS K -> shared memory -> dq_accum (the producer's writer warp adds it); with
 //   64-row steps one step later, so that the two warpgroups need not meet every step (Traits::kDeferDQ).
-// After the last step dK and dV go through shared memory for coalesced row stores: at d <= 64 through the
-// next step's dS^T buffer, with the next key block's K and V already loading; else through the
-// warpgroup's own rows of K and V, after which kv_empty lets those in.
+// After the last step dK and dV go through shared memory for coalesced row stores (bwd_epilogue.h): with
+// 128-row steps (Traits::kDKVInDS) through the next step's dS^T buffer, with the next key block's K and V already
+// loading; else through the warpgroup's own rows of K and V, after which kv_empty lets those in.
 #pragma once
 
 #include "sm90/bwd_work.h"
@@ -132,18 +132,19 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     const auto bias =
         scores.alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
-      // Key r is seen by the block's query rows in rows[r] (none past the sequence).
-      Span rows[size<0>(St)];
+      // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
+      int rows_begin[size<0>(St)], rows_end[size<0>(St)];
       if constexpr (decltype(masked)::value) {
-        const Mask mask{work.window};
         CUTE_UNROLL
         for (int r = 0; r < size<0>(St); ++r) {
-          rows[r] = mask.span</*kTransposed=*/true, /*kClip=*/true>(key0 + get<0>(tScS(r, 0)), row0);
+          const Span rows = work.window.template span</*kTransposed=*/true>(key0 + get<0>(tScS(r, 0)), row0, seq.len_k);
+          rows_begin[r] = rows.begin, rows_end[r] = rows.end;
         }
       }
       auto keep = [&](int r, int c) {
         if constexpr (decltype(masked)::value) {
-          return rows[r].contains(get<1>(tScS(r, c)));
+          const int row = get<1>(tScS(r, c));
+          return row >= rows_begin[r] && row < rows_end[r];
         } else {
           return true;
         }

@@ -117,18 +117,19 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     // may be hidden (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
     const auto bias = scores.alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
-      // Query row r sees the block's keys in keys[r] (none past the sequence).
-      Span keys[kRows];
+      // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
+      int keys_begin[kRows], keys_end[kRows];
       if constexpr (decltype(masked)::value) {
-        const Mask mask{work.window};
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
-          keys[r] = mask.span</*kTransposed=*/false, /*kClip=*/true>(row0 + get<0>(tScS(r, 0)), key0);
+          const Span keys = work.window.template span</*kTransposed=*/false>(row0 + get<0>(tScS(r, 0)), key0, seq.len_q);
+          keys_begin[r] = keys.begin, keys_end[r] = keys.end;
         }
       }
       auto keep = [&](int r, int c) {
         if constexpr (decltype(masked)::value) {
-          return keys[r].contains(get<1>(tScS(r, c)));
+          const int key = get<1>(tScS(r, c));
+          return key >= keys_begin[r] && key < keys_end[r];
         } else {
           return true;
         }

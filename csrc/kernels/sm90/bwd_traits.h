@@ -2,8 +2,8 @@
 // warpgroups, wgmma shapes, shared-memory layouts and storage; and the kernel's arguments.
 //
 // Head dim <= 128 (BwdTraitsSm90): a block owns kBlockN = 128 keys, 64 per consumer warpgroup, and streams
-// kBlockM query rows (128 at head dim 64, where registers allow it, halving the per-step costs per FLOP;
-// else 64) past them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T
+// kBlockM query rows (128 up to head dim 64, where registers allow it, halving the per-step costs per FLOP, but
+// in d 64's extended and dropout kernels; else 64: sm90/tile_size.h) past them per step. Each warpgroup computes the transposed products for its keys, S^T = K Q^T
 // and dP^T = V dO^T, so that P^T and dS^T sit in registers as the A operands of dV += P^T dO and
 // dK += dS^T Q (FA3's swapped S/dP). dQ = dS K contracts over all 128 keys: dS^T goes through shared
 // memory, and each warpgroup computes its share of dQ (half the rows with 128-row steps, else half the
@@ -216,8 +216,8 @@ struct BwdTraitsSm90
 // registers, so the warpgroups split the head dim instead. Each computes S = Q K^T and dP = dO V^T for
 // its kKeys of the keys (rows along queries, as in the forward) and writes P and dS to shared memory; then
 // dV^T += dO^T P and dK^T += Q^T dS for its kDRows rows of the head dim (all keys), and dQ = dS K for its
-// kDRows columns, 32 at a time, staged for a TMA reduce-add into dq_accum. 80 keys per block at
-// d 256 leave room for one dO stage only (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
+// kDRows columns, 32 at a time, staged for a TMA reduce-add into dq_accum. One dO stage at both head dims: 80
+// keys per block at d 256 (96 at d 192) leave room for no more (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
 // which bound the 64-key version (L2 at 76% of its throughput).
 template <int kHeadDim_, typename Element_, int kGroups_, int kKeys_>
 struct BwdTraitsSm90Wide

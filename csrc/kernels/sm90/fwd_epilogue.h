@@ -40,10 +40,12 @@ struct FwdEpilogueSm90 {
   }
 
   // softmax: the mainloop's OnlineSoftmax; acc_o its unnormalized O (mma_o's accumulator), scaled by
-  // dropout_scale with kDropout. Rows that saw no key get O = 0, LSE = -inf. With O staged over Q
+  // dropout_scale with kDropout; tScS: the thread's S-fragment coordinates in rowcol view (which rows, and whether
+  // it holds their column 0: the LSE's writer). Rows that saw no key get O = 0, LSE = -inf. With O staged over Q
   // (!Traits::kSeparateO), the warpgroup's Q slab is released once the store has read it.
-  template <bool kDropout, class Softmax, class AccO, class TiledMmaO>
-  __device__ void store(const Softmax& softmax, AccO& acc_o, const TiledMmaO& mma_o, float dropout_scale) const {
+  template <bool kDropout, class Softmax, class AccO, class TiledMmaO, class TensorC>
+  __device__ __forceinline__ void store(const Softmax& softmax, AccO& acc_o, const TiledMmaO& mma_o,
+                                        const TensorC& tScS, float dropout_scale) const {
     using namespace cute;
     const FwdParams& p = args.params;
     constexpr int kGroups = Traits::kConsumerWarpgroups;
@@ -51,9 +53,6 @@ struct FwdEpilogueSm90 {
     auto warpgroup_sync = [&] { named_barrier_sync(128, int(Barrier::kWarpgroupSync0) + warpgroup); };
     Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? smem.o.data() : smem.q.data()),
                             typename Traits::SmemLayoutQ{});  // (kBlockM, D)
-    typename Traits::TiledMmaS mma_s;
-    Tensor tScS = rowcol_view(mma_s.get_thread_slice(thread).partition_C(
-        make_identity_tensor(typename Traits::TileS{})));  // (rows, cols) -> tile coords
     constexpr int kRows = decltype(size<0>(tScS))::value;
 
     const bool tma_store = p.cu_seqlens_q == nullptr;
@@ -95,9 +94,9 @@ struct FwdEpilogueSm90 {
     } else {
       warpgroup_sync();
       const int row0 = m_block * kBlockM + warpgroup * 64;  // this warpgroup's slab
+      Element* out = out_rows(p, seq, bidb, bidh, row0);
       Tensor sOw = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(warpgroup, _0{}));  // (64, D)
-      store_rows(sOw, out_rows(p, seq, bidb, bidh, row0), p.o_row_stride, rows_left - warpgroup * 64, p.head_dim,
-                 thread % 128, 128);
+      store_rows(sOw, out, p.o_row_stride, rows_left - warpgroup * 64, p.head_dim, thread % 128, 128);
     }
     if constexpr (!Traits::kSeparateO) {  // the slab is Q's: free once read
       if (tma_store) {
@@ -111,11 +110,12 @@ struct FwdEpilogueSm90 {
 
   // A tile without visible keys: out 0 and LSE -inf, stored directly by all consumer threads (shared memory may
   // already hold the next tile's Q).
-  __device__ static void store_zero(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
+  __device__ static __forceinline__ void store_zero(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
                                     int thread) {
     constexpr int kVecsPerRow = Traits::kHeadDim / 8;
     const int rows_left = seq.len_q - m_block * kBlockM;
-    Element* out = out_rows(p, seq, bidb, bidh, int64_t(m_block) * kBlockM);
+    Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
+                   bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
     float* lse = lse_rows(p, seq, bidb, bidh, m_block);
     // Not clear_rows: its runtime row width (a division in the loop) made ptxas lay out the whole plain kernel
     // otherwise, and the d 64 forward ran 1-3% slower (TUNING 114).

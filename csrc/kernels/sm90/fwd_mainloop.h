@@ -137,6 +137,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
+  // O and the LSE leave through this warpgroup's slab of shared memory (after the mainloop).
+  const FwdEpilogueSm90<Traits> epilogue{args, smem, seq, bidb, bidh, m_block, thread, warpgroup};
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
@@ -329,9 +331,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     release_q();
   }
 
-  // O and the LSE leave through this warpgroup's slab of shared memory.
-  const FwdEpilogueSm90<Traits> epilogue{args, smem, seq, bidb, bidh, m_block, thread, warpgroup};
-  epilogue.template store<kDropout>(softmax, acc_o, mma_o, dropout.scale);
+  epilogue.template store<kDropout>(softmax, acc_o, mma_o, tScS, dropout.scale);
 }
 
 }  // namespace sm90
