@@ -9,6 +9,8 @@ for w in ${WHEELS:?}; do
   w=$(readlink -f "$w")  # unpacked from inside /tmp/ab_<name>: a relative path would name nothing there
   name=$(printf "\\x$(printf %x $((65 + ${#names[@]})))")
   rm -rf /tmp/ab_$name && mkdir -p /tmp/ab_$name && (cd /tmp/ab_$name && python3 -m zipfile -e "$w" .) || exit 1
+  # The tree's benchmark modules on every side: time_fwd.py imports them, and a wheel from before #46 has none.
+  rm -rf /tmp/ab_$name/flash_attn2/bench && cp -r flash_attn2/bench /tmp/ab_$name/flash_attn2/
   echo "$name = $w"; names+=($name)
 done
 cd /tmp  # the repository root would shadow the unpacked packages

@@ -1,5 +1,5 @@
-// Which keys each query row sees (Window), the one predicate every kernel masks with (Window::span, for S and the
-// backward's S^T), and S set to -inf where a row does not see a key (Mask::apply).
+// Which keys each query row sees and which rows each key is seen by (Window: the one predicate every kernel masks
+// with; Window::span for S and the backward's S^T), and S set to -inf where a row does not see a key (Mask::apply).
 #pragma once
 
 #include <cmath>
@@ -74,11 +74,14 @@ struct Mask {
     if constexpr (Edges::value != MaskNone::value) {
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(S); ++r) {
-        const Span keys = window.span</*kTransposed=*/false>(row0 + cute::get<0>(coord(r, 0)), col0);
+        // The row's visible keys in tile columns, [begin, end) (span's; begin only where the left edge may cut).
+        const int row = row0 + cute::get<0>(coord(r, 0));
+        const int begin = Edges::value == MaskBoth::value ? window.key_begin(row) - col0 : 0;
+        const int end = window.key_end(row) - col0;
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(S); ++c) {
           const int col = cute::get<1>(coord(r, c));
-          if (col >= keys.end || (Edges::value == MaskBoth::value && col < keys.begin)) S(r, c) = -INFINITY;
+          if (col >= end || (Edges::value == MaskBoth::value && col < begin)) S(r, c) = -INFINITY;
         }
       }
     }
