@@ -5,7 +5,7 @@
 //   softcap:  t = tanh(s * scale / softcap), softmax over softcap * t: softcap replaces the softmax scale, and
 //             the backward's dS = P (dP - D) picks up the derivative's 1 - t^2 (its other factor, scale, goes on
 //             at the end as without softcap: dK = scale dS^T Q, dQ = scale dS K)
-//   ALiBi:    + bias (alibi.h), kept in the units of the scores the kernels hold: the slope over the softmax's
+//   ALiBi:    + bias (Alibi), kept in the units of the scores the kernels hold: the slope over the softmax's
 //             scale (so over softcap when softcapped), added after softcap
 //
 // Only the extended kernels (kernel_kind.h) modify scores; in the others every modifier folds away at compile
@@ -17,10 +17,102 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
-#include "common/alibi.h"
 #include "common/utils.h"
 
 namespace flash_attn2 {
+
+// flash-attn's ALiBi for one (batch, query head): -slope * |i + len_k - len_q - j| on the scaled score of
+// query i and key j or, causal without a left window edge, +slope * j (flash-attn's form there: the same
+// softmax, its LSE shifted by a constant per row). Kept in the units of the scores the kernels hold: the slope
+// over their softmax scale, softcap where softcapped (ScoreMods::scale; only the extended kernels, where the
+// call's softcap is the kernel's, use it). ScoreMods::alibi builds it.
+struct Alibi {
+  float slope;  // 0 without ALiBi
+  int len_q, len_k;
+  bool key_only;
+
+  __device__ Alibi(const FwdParams& p, int len_q_, int len_k_, int bidb, int bidh)
+      : slope(p.alibi_slopes == nullptr ? 0.f
+                                        : p.alibi_slopes[bidb * p.alibi_slopes_batch_stride + bidh] /
+                                              (p.softcap > 0.f ? p.softcap : p.softmax_scale)),
+        len_q(len_q_), len_k(len_k_), key_only(p.causal && p.window_left < 0) {}
+
+  // The bias over one thread's fragment of a tile, as a function of the fragment's indices: coord its tile
+  // coordinates (mode kQueryMode the query's, the other the key's), q0 and k0 the tile's first query and key.
+  // Every element's coordinates differ from element (0, 0)'s by a compile-time constant once the loops
+  // unroll, so only the base is converted to float: an int-to-float per score runs at MUFU's quarter rate.
+  // Both forms are coef * |base + q_coef * dq - dk| (key-only: base -key, q_coef 0, coef +slope), exact while
+  // the indices stay below 2^24.
+  template <int kQueryMode = 0, class Coord>
+  __device__ auto tile(Coord const& coord, int q0, int k0) const {
+    constexpr int kKeyMode = 1 - kQueryMode;
+    const int q = q0 + cute::get<kQueryMode>(coord(0, 0)), k = k0 + cute::get<kKeyMode>(coord(0, 0));
+    const float base = key_only ? -float(k) : float((q - len_q) + (len_k - k));
+    const float coef = key_only ? slope : -slope, q_coef = key_only ? 0.f : 1.f;
+    return [=, &coord](int r, int c) {
+      const int dq = cute::get<kQueryMode>(coord(r, c)) - cute::get<kQueryMode>(coord(0, 0));
+      const int dk = cute::get<kKeyMode>(coord(r, c)) - cute::get<kKeyMode>(coord(0, 0));
+      return coef * fabsf(fmaf(q_coef, float(dq), base) - float(dk));
+    };
+  }
+
+  // S and coord: one thread's fragment of a (queries, keys) tile in (row, col) view, coord its tile
+  // coordinates; the tile's first query row0, first key col0.
+  template <class TensorS, class TensorC>
+  __device__ void apply(TensorS& S, TensorC const& coord, int row0, int col0) const {
+    const auto bias = tile(coord, row0, col0);
+    CUTE_UNROLL
+    for (int r = 0; r < cute::size<0>(S); ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(S); ++c) S(r, c) += bias(r, c);
+    }
+  }
+
+  // The Hopper forward's form, the bias split as S + bias = S' + shift[r]: where a warp's scores all lie on
+  // one side of the diagonal (always, key-only), coef |x| = sgn (x_r - dk) is linear, x_r = base + q_coef dq
+  // the row's part, so S' = S - sgn dk costs one FFMA per score and shift[r] = sgn x_r goes into the online
+  // softmax's row max and exp2 offset (OnlineSoftmax::update_scores), instead of the bias's FADD, FMUL and
+  // FADD per score. Near the diagonal: the whole bias, shift 0. ALiBi 2-4% faster (TUNING 76); the dropout
+  // kernel keeps the whole bias, as the split's registers slowed its dropout by 3-11%.
+  template <class TensorS, class TensorC, int kRows>
+  __device__ void apply(TensorS& S, TensorC const& coord, int row0, int col0, float (&shift)[kRows]) const {
+    static_assert(decltype(cute::size<0>(S))::value == kRows);
+    const int q = row0 + cute::get<0>(coord(0, 0)), k = col0 + cute::get<1>(coord(0, 0));
+    const int base = key_only ? -k : (q - len_q) + (len_k - k);
+    // Offsets from element (0, 0): compile-time constants once unrolled, so the extremes fold.
+    int dq_min = 0, dq_max = 0, dk_min = 0, dk_max = 0;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int dq = key_only ? 0 : cute::get<0>(coord(r, 0)) - cute::get<0>(coord(0, 0));
+      dq_min = min(dq_min, dq), dq_max = max(dq_max, dq);
+    }
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(S); ++c) {
+      const int dk = cute::get<1>(coord(0, c)) - cute::get<1>(coord(0, 0));
+      dk_min = min(dk_min, dk), dk_max = max(dk_max, dk);
+    }
+    const bool nonneg = base + dq_min - dk_max >= 0, nonpos = base + dq_max - dk_min <= 0;
+    if (key_only || __all_sync(0xffffffffu, nonneg || nonpos)) {  // warp-uniform
+      const float coef = key_only ? slope : -slope, sgn = nonneg ? coef : -coef;  // key-only: x = -k <= 0
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int dq = key_only ? 0 : cute::get<0>(coord(r, 0)) - cute::get<0>(coord(0, 0));
+        shift[r] = sgn * float(base + dq);
+      }
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(S); ++c) {
+          S(r, c) = fmaf(-sgn, float(cute::get<1>(coord(r, c)) - cute::get<1>(coord(0, 0))), S(r, c));
+        }
+      }
+    } else {
+      apply(S, coord, row0, col0);
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) shift[r] = 0.f;
+    }
+  }
+};
 
 // Logit soft-capping: S (raw scores) -> tanh(S * scale / softcap), in place.
 template <class TensorS>
@@ -32,46 +124,40 @@ __device__ void softcap_scores(TensorS& S, float scale_over_softcap) {
 // The softcap's derivative, 1 - t^2, for t = tanh(...) of a score (0 where t is -inf: a masked score).
 __device__ __forceinline__ float softcap_grad(float t) { return fmaxf(0.f, 1.f - t * t); }
 
-// The modifiers of one call in one kernel (extended: the kernel has them), built once per kernel and tile.
+// The modifiers of one call in one kernel (extended: the kernel has them), built once per kernel and tile. The
+// forwards and the SM80 backward compute softcap's factors where they use them (from the call's params); the Hopper
+// backward's p_and_ds reads copies made once (scale_log2, scale_over_softcap), which it holds across its steps.
 struct ScoreMods {
+  const FwdParams& p;
   bool softcap;              // the kernel is extended and the call sets softcap
-  float scale;               // the softmax's scale over the held scores: softcap when softcapped
-  float scale_log2;          // scale * log2(e), exp2's
+  float scale_log2;          // scale() * log2(e), exp2's
   float scale_over_softcap;  // tanh's argument per raw score (0 without softcap)
 
-  __device__ ScoreMods(const FwdParams& p, bool extended)
-      : softcap(extended && p.softcap > 0.f),
-        scale(softcap ? p.softcap : p.softmax_scale),
-        scale_log2(scale * float(M_LOG2E)),
-        scale_over_softcap(softcap ? p.softmax_scale / p.softcap : 0.f) {}
+  __device__ ScoreMods(const FwdParams& params, bool extended)
+      : p(params),
+        softcap(extended && params.softcap > 0.f),
+        scale_log2((softcap ? params.softcap : params.softmax_scale) * float(M_LOG2E)),
+        scale_over_softcap(softcap ? params.softmax_scale / params.softcap : 0.f) {}
+
+  // The softmax's scale over the held scores: softcap replaces softmax_scale where the scores are capped.
+  __device__ float scale() const { return softcap ? p.softcap : p.softmax_scale; }
 
   // The ALiBi bias of (batch bidb, query head bidh) in the held scores' units (slope 0 without ALiBi).
-  __device__ Alibi alibi(const FwdParams& p, int len_q, int len_k, int bidb, int bidh) const {
-    return Alibi(p, scale, len_q, len_k, bidb, bidh);
-  }
+  __device__ Alibi alibi(int len_q, int len_k, int bidb, int bidh) const { return Alibi(p, len_q, len_k, bidb, bidh); }
 
   // Raw scores -> softcap's t, in place (nothing without softcap).
   template <class TensorS>
-  __device__ void cap(TensorS& S) const {
-    if (softcap) softcap_scores(S, scale_over_softcap);
+  __device__ __forceinline__ void cap(TensorS& S) const {
+    if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
   }
 
   // Raw scores -> held scores before the mask: softcap's t, then ALiBi's bias (coord: the fragment's tile
   // coordinates, row0 / col0 the tile's first query / key).
   template <class TensorS, class TensorC>
-  __device__ void apply(TensorS& S, const Alibi& alibi, const TensorC& coord, int row0, int col0) const {
+  __device__ __forceinline__ void apply(TensorS& S, const Alibi& alibi, const TensorC& coord, int row0, int col0) const {
     cap(S);
     if (alibi.slope != 0.f) alibi.apply(S, coord, row0, col0);
   }
-  // The same with ALiBi split off into a per-row shift (Alibi::apply's split form, the Hopper forward): the
-  // scores are then S + shift[r].
-  template <class TensorS, class TensorC, int kRows>
-  __device__ void apply(TensorS& S, const Alibi& alibi, const TensorC& coord, int row0, int col0,
-                        float (&shift)[kRows]) const {
-    cap(S);
-    if (alibi.slope != 0.f) alibi.apply(S, coord, row0, col0, shift);
-  }
-
   // The factor softcap puts on dS: 1 - t^2 for a held score t (1 without softcap).
   __device__ __forceinline__ float grad(float t) const { return softcap ? softcap_grad(t) : 1.f; }
 

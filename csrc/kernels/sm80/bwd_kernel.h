@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         }
       }
       // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
-      const auto alibi = mods.alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
+      const auto alibi = mods.alibi(seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
       auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {

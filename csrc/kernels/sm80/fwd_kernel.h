@@ -104,10 +104,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
   const Mask mask{window};
   const ScoreMods mods(params, kExtended);
-  const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, bidh);
+  const Alibi alibi = mods.alibi(seq.len_q, seq.len_k, bidb, bidh);
   static_assert(kExtended || !kDropout);
   const Dropout dropout(params, bidb, bidh);
-  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(mods.scale);
+  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(mods.scale());
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {

@@ -74,12 +74,11 @@ __device__ __forceinline__ void stage_dkv(const TiledMma& mma, int thread, const
   cute::copy(copy, thr.retile_S(rdV), thr.partition_D(sdV));
 }
 
-// The staged rows (sdK, sdV: (keys, D) from first_key) to dK and dV as 16-byte row stores by `threads` threads,
-// keys past the sequence and columns past head_dim clipped.
+// The staged rows (sdK, sdV: (keys, D) from first_key, `rows` of them left in the sequence) to dK and dV as
+// 16-byte row stores by `threads` threads, keys past the sequence and columns past head_dim clipped.
 template <class Element, class Work, class SmemK, class SmemV>
-__device__ __forceinline__ void store_dkv_rows(const BwdParams& p, const Work& work, const SmemK& sdK, const SmemV& sdV, int first_key,
-                               int thread, int threads) {
-  const int rows = work.seq.len_k - first_key;
+__device__ __forceinline__ void store_dkv_rows(const BwdParams& p, const Work& work, const SmemK& sdK, const SmemV& sdV,
+                                               int first_key, int rows, int thread, int threads) {
   store_rows(sdK, work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride, rows,
              p.head_dim, thread, threads);
   store_rows(sdV, work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride, rows,
