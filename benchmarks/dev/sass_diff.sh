@@ -1,63 +1,44 @@
 #!/bin/bash
-# On the CPU machine: did a change move the Hopper kernels' code? Compiles instantiation TUs (default: the d 64 bf16
-# forward and the d 128 bf16 backward) from REV's csrc and from the working tree's, for sm_90a, and prints per kernel
-# the instruction counts, how many opcodes of the sequence differ (predicates and operands dropped, so a changed
-# register or address does not count, a reordered schedule does) and the stack frames. TUNING 114: a cold-path helper
-# re-laid the d 64 forward's hot loop (1-3% slower) with no test or spill warning to show it; 0 differing opcodes in
-# the plain kernels means the change cannot have moved their timing.
+# On the CPU machine: did a change move the kernels' code? Compiles instantiation TUs from REV's csrc and from the
+# working tree's (Hopper TUs for sm_90a, SM80 TUs for sm_80 with the compact tiles, bwd_aux.cu for sm_90a) and
+# compares each TU's kernels with sass_compare.py: kernels are matched by body, so renamed types do not count; a
+# kernel is identical when its instruction text (registers and operands too, addresses and encodings dropped) and
+# its resource line are; else the opcodes that differ are counted (a reordered schedule counts, a renamed register
+# does not). TUNING 114: a cold-path helper re-laid the d 64 forward's hot loop (1-3% slower) with no test or spill
+# warning to show it; TUNING 126: helpers left to nvcc's inliner re-laid whole kernels (__forceinline__ them).
 #   bash benchmarks/dev/sass_diff.sh [REV (default HEAD)] [csrc/instantiations/<tu>.cu ...]
-# About 3 minutes per TU on two cores (the two trees' compiles run at once). Needs cuobjdump (the
-# nvidia-cuda-cuobjdump wheel puts it under site-packages/nvidia/cu13/bin, searched below).
-set -euo pipefail
+#   ALL=1 bash benchmarks/dev/sass_diff.sh aebdf2e     # every TU: about 40 minutes a side on two cores
+# Default TUs: the d 64 bf16 Hopper forward and backward and the d 64 bf16 SM80 backward. JOBS (default 2) parallel
+# compiles. Needs cuobjdump (the nvidia-cuda-cuobjdump wheel puts it under site-packages/nvidia/cu13/bin).
+set -uo pipefail
 REV=${1:-HEAD}; shift || true
-TUS=${*:-csrc/instantiations/fwd_hdim64_bf16_sm90.cu csrc/instantiations/bwd_hdim128_bf16_sm90.cu}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 SP=$(python3 -c "import cutlass_library, os; print(os.path.dirname(os.path.dirname(cutlass_library.__file__)))")
 export PATH=$PATH:$CUDA_HOME/bin:$SP/nvidia/cu13/bin
 command -v cuobjdump > /dev/null || { echo "cuobjdump not found (pip install nvidia-cuda-cuobjdump)"; exit 1; }
+if [ -n "${ALL:-}" ]; then
+  TUS="$(ls csrc/instantiations/*.cu) csrc/bwd_aux.cu"
+else
+  TUS=${*:-csrc/instantiations/fwd_hdim64_bf16_sm90.cu csrc/instantiations/bwd_hdim64_bf16_sm90.cu csrc/instantiations/bwd_hdim64_bf16.cu}
+fi
 W=$(mktemp -d /tmp/sass_diff.XXXX)
-mkdir -p $W/base $W/tree
+mkdir -p $W/base $W/tree $W/out_base $W/out_tree
 git archive "$REV" csrc | tar -x -C $W/base
 cp -r csrc $W/tree/
-compile() {  # $1: tree dir, $2: TU
-  (cd $1 && $CUDA_HOME/bin/nvcc -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
-    -Icsrc/include -Icsrc/kernels -Icsrc -I$SP/cutlass_library/source/include -I$SP/nvidia/cu13/include \
-    -c $2 -o $(basename $2 .cu).o > $(basename $2 .cu).log 2>&1) || { tail -20 $1/$(basename $2 .cu).log; return 1; }
+dump() {  # $1: side, $2: TU; writes out_<side>/<name>.sass and .res
+  local side=$1 tu=$2 name arch
+  name=$(basename $tu .cu)
+  case $tu in *_sm90.cu|*bwd_aux.cu) arch=90a;; *) arch=80;; esac
+  [ -f $W/$side/$tu ] || { echo "$side: no $tu"; return 0; }
+  (cd $W/$side && $CUDA_HOME/bin/nvcc -std=c++17 -O3 --expt-relaxed-constexpr -DNDEBUG -DFLASH_ATTN2_COMPACT_TILES=1 \
+    -gencode=arch=compute_$arch,code=sm_$arch -cubin -Icsrc/include -Icsrc/kernels -Icsrc \
+    -I$SP/cutlass_library/source/include -I$SP/nvidia/cu13/include $tu -o $W/out_$side/$name.cubin \
+    > $W/out_$side/$name.log 2>&1) || { echo "$side: $tu failed"; tail -5 $W/out_$side/$name.log; return 1; }
+  cuobjdump -sass $W/out_$side/$name.cubin > $W/out_$side/$name.sass
+  cuobjdump -res-usage $W/out_$side/$name.cubin > $W/out_$side/$name.res
+  rm -f $W/out_$side/$name.cubin
 }
-for tu in $TUS; do
-  compile $W/base $tu & compile $W/tree $tu & wait
-  o=$(basename $tu .cu).o
-  for side in base tree; do
-    cuobjdump -sass $W/$side/$o > $W/$side/$o.sass
-    cuobjdump -res-usage $W/$side/$o > $W/$side/$o.res
-  done
-  python3 - "$W" "$o" <<'EOF'
-import difflib, re, sys
-w, o = sys.argv[1:]
-def kernels(side):
-    out, name = {}, None
-    for line in open(f"{w}/{side}/{o}.sass"):
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = m.group(1); out[name] = []
-        elif name and re.match(r"\s+/\*[0-9a-f]+\*/", line):
-            ins = re.sub(r"^\s+/\*[0-9a-f]+\*/\s*", "", line).split(";")[0].split()
-            if ins:
-                out[name].append(ins[1] if ins[0].startswith("@") and len(ins) > 1 else ins[0])
-    return out
-def stacks(side):
-    text = open(f"{w}/{side}/{o}.res").read()
-    return dict(re.findall(r"Function (\S+):\s*\n\s*REG:\d+ STACK:(\d+)", text))
-base, tree, sb, st = kernels("base"), kernels("tree"), stacks("base"), stacks("tree")
-print(f"== {o}")
-for name in sorted(set(base) | set(tree)):
-    short = re.sub(r"EEEvNS_\d+\w+ArgsSm90IT_EE$", "", re.sub(r"^_ZN11flash_attn2\d+", "", name))[-80:]
-    if name not in base or name not in tree:
-        print(f"  only in {'tree' if name in tree else 'base'}: {short}"); continue
-    sm = difflib.SequenceMatcher(None, base[name], tree[name], autojunk=False)
-    moved = sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in sm.get_opcodes() if tag != "equal")
-    print(f"  {len(base[name]):6d} -> {len(tree[name]):6d} instructions, {moved:5d} opcodes differ, "
-          f"stack {sb.get(name, '?')} -> {st.get(name, '?')} B: {short}")
-EOF
-done
+export -f dump; export W SP CUDA_HOME
+for tu in $TUS; do echo "base $tu"; echo "tree $tu"; done | xargs -P ${JOBS:-2} -L 1 bash -c 'dump $0 $1'
+python3 "$(dirname "$0")/sass_compare.py" $W/out_base $W/out_tree
 rm -rf $W
