@@ -10,10 +10,9 @@
 
 #include "sm90/bwd_work.h"
 
-#include "sm90/bwd_epilogue.h"
-
 #include "common/dropout.h"
 #include "common/score_mod.h"
+#include "sm90/bwd_epilogue.h"
 
 namespace flash_attn2::sm90 {
 
