@@ -125,37 +125,39 @@ __device__ void softcap_scores(TensorS& S, float scale_over_softcap) {
 __device__ __forceinline__ float softcap_grad(float t) { return fmaxf(0.f, 1.f - t * t); }
 
 // The modifiers of one call in one kernel (extended: the kernel has them), built once per kernel and tile. The
-// forwards and the SM80 backward compute softcap's factors where they use them (from the call's params); the Hopper
+// forwards and the SM80 backward compute softcap's factors where they use them, from the call's params p (passed
+// in, not held: read through a held reference, the SM80 d 128 backward's code moved, TUNING 126); the Hopper
 // backward's p_and_ds reads copies made once (scale_log2, scale_over_softcap), which it holds across its steps.
 struct ScoreMods {
-  const FwdParams& p;
   bool softcap;              // the kernel is extended and the call sets softcap
   float scale_log2;          // scale() * log2(e), exp2's
   float scale_over_softcap;  // tanh's argument per raw score (0 without softcap)
 
   __device__ ScoreMods(const FwdParams& params, bool extended)
-      : p(params),
-        softcap(extended && params.softcap > 0.f),
+      : softcap(extended && params.softcap > 0.f),
         scale_log2((softcap ? params.softcap : params.softmax_scale) * float(M_LOG2E)),
         scale_over_softcap(softcap ? params.softmax_scale / params.softcap : 0.f) {}
 
   // The softmax's scale over the held scores: softcap replaces softmax_scale where the scores are capped.
-  __device__ float scale() const { return softcap ? p.softcap : p.softmax_scale; }
+  __device__ float scale(const FwdParams& p) const { return softcap ? p.softcap : p.softmax_scale; }
 
   // The ALiBi bias of (batch bidb, query head bidh) in the held scores' units (slope 0 without ALiBi).
-  __device__ Alibi alibi(int len_q, int len_k, int bidb, int bidh) const { return Alibi(p, len_q, len_k, bidb, bidh); }
+  __device__ Alibi alibi(const FwdParams& p, int len_q, int len_k, int bidb, int bidh) const {
+    return Alibi(p, len_q, len_k, bidb, bidh);
+  }
 
   // Raw scores -> softcap's t, in place (nothing without softcap).
   template <class TensorS>
-  __device__ __forceinline__ void cap(TensorS& S) const {
+  __device__ __forceinline__ void cap(TensorS& S, const FwdParams& p) const {
     if (softcap) softcap_scores(S, p.softmax_scale / p.softcap);
   }
 
   // Raw scores -> held scores before the mask: softcap's t, then ALiBi's bias (coord: the fragment's tile
   // coordinates, row0 / col0 the tile's first query / key).
   template <class TensorS, class TensorC>
-  __device__ __forceinline__ void apply(TensorS& S, const Alibi& alibi, const TensorC& coord, int row0, int col0) const {
-    cap(S);
+  __device__ __forceinline__ void apply(TensorS& S, const FwdParams& p, const Alibi& alibi, const TensorC& coord, int row0,
+                                        int col0) const {
+    cap(S, p);
     if (alibi.slope != 0.f) alibi.apply(S, coord, row0, col0);
   }
   // The factor softcap puts on dS: 1 - t^2 for a held score t (1 without softcap).

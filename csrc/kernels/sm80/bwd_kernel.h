@@ -231,7 +231,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
-      mods.cap(S);  // ALiBi's bias goes on below, once the softcap's derivative is taken
+      // ScoreMods::cap, written out: through the call the d 128 extended kernel's code moved (TUNING 126). ALiBi's
+      // bias goes on below, once the softcap's derivative is taken.
+      if (mods.softcap) softcap_scores(S, p.softmax_scale / p.softcap);
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
       // Dropout: dP of the dropped pairs to 0 and of the kept ones times the scale, so that dS = P (Z dP s - D);
       // P itself after.
@@ -244,7 +246,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
         }
       }
       // ALiBi's bias goes on after the softcap's derivative is taken (it does not change it).
-      const auto alibi = mods.alibi(seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
+      const auto alibi = mods.alibi(p, seq.len_q, seq.len_k, bidb, h0 + dh).tile(tScS, row0, n_block * kBlockN);
       auto probs = [&](auto extended) {  // extended: softcap and ALiBi, each where set
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {

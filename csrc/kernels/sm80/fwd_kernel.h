@@ -104,10 +104,10 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
   Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
   const Mask mask{window};
   const ScoreMods mods(params, kExtended);
-  const Alibi alibi = mods.alibi(seq.len_q, seq.len_k, bidb, bidh);
+  const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, bidh);
   static_assert(kExtended || !kDropout);
   const Dropout dropout(params, bidb, bidh);
-  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(mods.scale());
+  OnlineSoftmax<decltype(size<0>(tScS))::value> softmax(mods.scale(params));
 
   // One iteration over key block n: S = Q K^T -> mask -> online softmax -> O += P V.
   auto step = [&](int n_block, auto edges) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -119,7 +119,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     cp_async_fence();
     gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, tSsK, smem_copy_k);
     Tensor S = rowcol_view(acc_s);
-    if constexpr (kExtended) mods.apply(S, alibi, tScS, m_block * kBlockM, n_block * kBlockN);
+    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, m_block * kBlockM, n_block * kBlockN);
     mask.apply(edges, S, tScS, m_block * kBlockM, n_block * kBlockN);
     cp_async_wait<0>();
     __syncthreads();  // V[n] has landed, and every warp is done reading K[n]

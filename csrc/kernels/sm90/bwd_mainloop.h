@@ -129,7 +129,7 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     // Where a pair may be hidden (masked steps) both are set, not multiplied, to 0: S^T and dP^T there may be
     // anything (rows past the sequence: another sequence's or NaN; keys past it: LSE is not theirs).
     const auto bias =
-        scores.alibi(seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
+        scores.alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile</*kQueryMode=*/1>(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Key r is seen by query rows [rows_begin[r], rows_end[r]) of the block (none past the sequence).
       int rows_begin[size<0>(St)], rows_end[size<0>(St)];

@@ -114,7 +114,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs (plain kernels), then dS = P o (dP - D); where a pair
     // may be hidden (masked steps) both are set, not multiplied, to 0, as S and dP there may be anything.
-    const auto bias = scores.alibi(seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
+    const auto bias = scores.alibi(p, seq.len_q, seq.len_k, work.bidb, work.head(step)).tile(tScS, row0, key0);
     auto softmax = [&](auto masked, auto extended) {  // extended: softcap and ALiBi, each where set
       // Query row r sees keys [keys_begin[r], keys_end[r]) of the block (none past the sequence).
       int keys_begin[kRows], keys_end[kRows];

@@ -155,10 +155,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const Window window(seq.len_q, seq.len_k, p);
   const Mask mask{window};
   const ScoreMods mods(p, kExtended);
-  const Alibi alibi = mods.alibi(seq.len_q, seq.len_k, bidb, bidh);
+  const Alibi alibi = mods.alibi(p, seq.len_q, seq.len_k, bidb, bidh);
   static_assert(kExtended || !kDropout);
   const Dropout dropout(p, bidb, bidh);
-  OnlineSoftmax<kRows> softmax(mods.scale());
+  OnlineSoftmax<kRows> softmax(mods.scale(p));
   const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
 
   // S = Q K[n]^T of the next block is issued before O += P V[n + 1] of the current one, so the softmax of
@@ -228,7 +228,7 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     constexpr bool kSplitAlibi = kExtended && !kDropout;
     float alibi_shift[kRows] = {};  // the scores are S + alibi_shift[r]
     if constexpr (kExtended) {  // ScoreMods::apply's order, with ALiBi's split form where it pays (Alibi::apply)
-      mods.cap(S);
+      mods.cap(S, p);
       if (alibi.slope != 0.f) {
         if constexpr (kSplitAlibi) alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN, alibi_shift);
         else alibi.apply(S, tScS, m_block * kBlockM, n_block * kBlockN);
