@@ -231,9 +231,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(const __grid_
       }
       Tensor S = rowcol_view(acc_s);
       Tensor dP = rowcol_view(acc_dp);
-      // ScoreMods::cap, written out: through the call the d 128 extended kernel's code moved (TUNING 126). ALiBi's
-      // bias goes on below, once the softcap's derivative is taken.
-      if (mods.softcap) softcap_scores(S, p.softmax_scale / p.softcap);
+      mods.cap(S, p);  // ALiBi's bias goes on below, once the softcap's derivative is taken
       mask.apply(edges, S, tScS, row0, n_block * kBlockN);
       // Dropout: dP of the dropped pairs to 0 and of the kept ones times the scale, so that dS = P (Z dP s - D);
       // P itself after.
