@@ -5,7 +5,7 @@
 # kernel is identical when its instruction text (registers and operands too, addresses and encodings dropped) and
 # its resource line are; else the opcodes that differ are counted (a reordered schedule counts, a renamed register
 # does not). TUNING 114: a cold-path helper re-laid the d 64 forward's hot loop (1-3% slower) with no test or spill
-# warning to show it; TUNING 126: helpers left to nvcc's inliner re-laid whole kernels (__forceinline__ them).
+# warning to show it; TUNING 126: a helper left to nvcc's inliner, and another forced inline, re-laid whole kernels.
 #   bash benchmarks/dev/sass_diff.sh [REV (default HEAD)] [csrc/instantiations/<tu>.cu ...]
 #   ALL=1 bash benchmarks/dev/sass_diff.sh aebdf2e     # every TU: about 40 minutes a side on two cores
 # Default TUs: the d 64 bf16 Hopper forward and backward and the d 64 bf16 SM80 backward. JOBS (default 2) parallel
