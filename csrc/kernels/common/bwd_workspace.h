@@ -6,7 +6,7 @@
 //              | (heads, total_q)    |     | (heads, total_q)    |     | int, float4  |
 //              0                           bwd_lse_log2_offset         bwd_tile_counter_offset
 //
-//   dq_accum   | dQ accumulator, one layout per kernel (DQLayout)          | turn counters (int)  |
+//   dq_accum   | dQ accumulator, one of three layouts per kernel            | turn counters (int)  |
 //              | Sm80ThreadMajor: (splits, heads, total_q + batch * bwd_block_m, width), thread-major tiles |
 //              | Sm90Rows:        (heads, total_q, width) row-major                                          |
 //              | Sm90Fragments:   (heads, bwd_dq_slots, 64 x width) in register order                        |
@@ -39,8 +39,6 @@ constexpr int64_t bwd_tile_counter_offset(const BwdParams& p) { return 2 * bwd_l
 constexpr int64_t bwd_softmax_d_size(const BwdParams& p) { return bwd_tile_counter_offset(p) + 4; }
 
 // ---- dq_accum: the dQ accumulator's layouts ----
-
-enum class DQLayout { kSm80ThreadMajor, kSm90Rows, kSm90Fragments };
 
 // Sm80ThreadMajor: query rows per SM80 backward tile (sm80/tile_size.h builds its tiles with it, and
 // sm80/kernel_traits.h asserts they agree). Sequence b

@@ -14,7 +14,6 @@ namespace flash_attn2 {
 // What one line of a tile sees of the other index, in tile columns: [begin, end).
 struct Span {
   int begin, end;
-  __host__ __device__ bool contains(int col) const { return col >= begin && col < end; }
 };
 
 // flash-attn's window, aligned to the bottom-right corner like causal: row i sees key j < len_k iff
@@ -40,14 +39,10 @@ struct Window {
   __host__ __device__ int row_end(int key) const { return len_q - max(0, (len_q - 1 - left_row) - key); }
 
   // Line `line` of a tile whose first column is col0: a query row of S sees keys [begin, end); kTransposed, a key
-  // row of S^T is seen by queries [begin, end).
-  template <bool kTransposed>
-  __host__ __device__ Span span(int line, int col0) const {
-    if constexpr (kTransposed) return {row_begin(line) - col0, row_end(line) - col0};
-    else return {key_begin(line) - col0, key_end(line) - col0};
-  }
-  // The same where a line at or past `lines` (its sequence's end: len_q for query rows, len_k for keys) sees
-  // nothing: the backward's, whose lines past the sequence hold whatever the packed tensors have there.
+  // row of S^T is seen by queries [begin, end). A line at or past `lines` (its sequence's end: len_q for query
+  // rows, len_k for keys) sees nothing: the backward's lines past the sequence hold whatever the packed tensors
+  // have there. (Mask::apply, the forward's, computes the same bounds itself: through span the SM80 backward's
+  // code moved, TUNING 126.)
   template <bool kTransposed>
   __host__ __device__ Span span(int line, int col0, int lines) const {
     if constexpr (kTransposed) return {row_begin(line) - col0, line < lines ? row_end(line) - col0 : 0};

@@ -13,7 +13,7 @@
 
 namespace flash_attn2 {
 
-// The fp32 dQ accumulator's SM80 layout (DQLayout::kSm80ThreadMajor in bwd_workspace.h), per (split, head): a
+// The fp32 dQ accumulator's SM80 layout (Sm80ThreadMajor in bwd_workspace.h), per (split, head): a
 // row space in which sequence b starts at row start_b + b * kBlockM, so its last, partial kBlockM-row tile ends
 // before the next sequence's first.
 // A tile is stored thread-major: value j of thread t's dQ fragment at (j / 4 * kNThreads + t) * 4 + j % 4,
