@@ -15,6 +15,7 @@
 #include "common/bwd_workspace.h"
 #include "common/kernel_kind.h"
 #include "common/launchers.h"
+#include "common/split_kv.h"
 #include "heuristics.h"
 
 // The build names the instantiated kernels (csrc/instantiations/): head-dim buckets and dtypes.
@@ -61,6 +62,7 @@ struct Kernels {
   FwdLauncher fwd_sm90 = nullptr;
   BwdLauncher bwd_sm80 = nullptr;
   BwdLauncher bwd_sm90 = nullptr;
+  FwdLauncher fwd_split = nullptr;  // the split-KV forward (every path's build has it)
 };
 
 // Naming launch_fwd<D, T> instantiates nothing here: the reference binds to the explicit instantiation
@@ -73,6 +75,7 @@ constexpr Kernels kernels_for() {
     k.fwd_sm80 = &launch_fwd<kHeadDim, kDType>;
     k.bwd_sm80 = &launch_bwd<kHeadDim, kDType>;
   }
+  if constexpr (compiled(kHeadDim, kDType)) k.fwd_split = &launch_fwd_split<kHeadDim, kDType>;
   if constexpr (compiled(kHeadDim, kDType) && FLASH_ATTN2_COMPILED_SM90) {
     k.fwd_sm90 = &launch_fwd_sm90<kHeadDim, kDType>;
     k.bwd_sm90 = &launch_bwd_sm90<bwd_sm90_kernel_dim(kHeadDim), kDType>;
@@ -214,13 +217,39 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) return "dropout_p must be in [0, 1)";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
   const bool varlen = p.cu_seqlens_q != nullptr;
+  const bool kv_cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr;
+  if (varlen && (kv_cache || p.kv_splits > 1)) {
+    return "seqused_k, leftpad_k, kv_batch_idx and kv_splits > 1 need a fixed-length call (cu_seqlens unset)";
+  }
+  if (p.dropout_p > 0.f && (kv_cache || p.kv_splits > 1)) return "dropout_p must be 0 with a KV cache or kv_splits > 1";
+  if (p.kv_splits < 0 || p.kv_splits > kMaxKvSplits) return "kv_splits must be in 0..kMaxKvSplits (128)";
+  if (p.seqused_k_add < 0) return "seqused_k_add must be >= 0";
+  if (p.kv_batch_idx != nullptr && p.kv_batch < 1) return "kv_batch must be >= 1 with kv_batch_idx";
   if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";
   if (varlen ? (p.total_q < 0 || p.total_k < 0 || p.total_q > kMaxSeqlen || p.total_k > kMaxSeqlen)
-             : (p.total_q != int64_t(p.batch) * p.seqlen_q || p.total_k != int64_t(p.batch) * p.seqlen_k)) {
+             : (p.total_q != int64_t(p.batch) * p.seqlen_q ||
+                p.total_k != int64_t(p.kv_batch_idx != nullptr ? p.kv_batch : p.batch) * p.seqlen_k)) {
     return varlen ? "total_q and total_k must be in 0..kMaxSeqlen"
-                  : "total_q and total_k must be batch * seqlen_q and batch * seqlen_k";
+                  : "total_q and total_k must be batch * seqlen_q and batch * seqlen_k (kv_batch * seqlen_k with "
+                    "kv_batch_idx)";
   }
   return "";
+}
+
+// Whether the split-KV forward serves p: every call with a KV cache's fields or forced splits, and fixed-length
+// calls without dropout whose packed query rows fit one tile (decode: a few query rows per kv head), where the
+// training kernels would fill a 128-row tile with one row per head and read each key once per query head.
+bool uses_split_kernel(const FwdParams& p) {
+  if (p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.kv_splits > 1) return true;
+  if (p.cu_seqlens_q != nullptr || p.dropout_p > 0.f) return false;
+  return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;
+}
+
+// The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket.
+int split_count(const FwdParams& p, int bucket, const DeviceInfo& device) {
+  const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
+  const int block_n = fwd_split_tile_sm80(bucket).block_n;
+  return fwd_kv_splits(p, device, int64_t(grid.m_blocks) * grid.groups, (p.seqlen_k + block_n - 1) / block_n);
 }
 
 // cudaErrorNotSupported with what is missing; the torch op raises it as NotImplementedError.
@@ -263,12 +292,66 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "forward");
   cudaError_t err = cudaSuccess;
-  const FwdLauncher fwd = pick_fwd(kernels(bucket, p.dtype), &err);
-  if (fwd == nullptr) return err;
   LaunchPlan plan;
   plan.kind = fwd_kind(p);
+  FwdLauncher fwd = nullptr;
+  if (uses_split_kernel(p)) {
+    std::string backend;
+    if (!requested_backend(&backend)) return cudaErrorInvalidValue;
+    if ((fwd = kernels(bucket, p.dtype).fwd_split) == nullptr) return no_kernel(p, "split-KV forward");
+    if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+    plan.kv_splits = split_count(p, bucket, plan.device);
+    if (plan.kv_splits > 1 && p.split_accum == nullptr) {
+      if (p.kv_splits > 1) return fail(cudaErrorInvalidValue, "kv_splits > 1 needs split_accum (fwd_split_accum_elems)");
+      plan.kv_splits = 1;
+    }
+    if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+    return cudaSuccess;
+  }
+  if ((fwd = pick_fwd(kernels(bucket, p.dtype), &err)) == nullptr) return err;
   if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  return cudaSuccess;
+}
+
+int fwd_num_splits(const FwdParams& p) {
+  const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
+  DeviceInfo device;
+  if (bucket == 0 || !uses_split_kernel(p) || current_device_info(&device) != cudaSuccess) return 1;
+  return split_count(p, bucket, device);
+}
+
+int64_t fwd_split_accum_elems(const FwdParams& p, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return int64_t(num_splits) * p.batch * p.num_heads * p.seqlen_q * (int64_t(p.head_dim) + 1);
+}
+
+cudaError_t run_kv_append(const KvAppendParams& p, cudaStream_t stream) {
+  last_error.clear();
+  if (p.version != FLASH_ATTN2_PARAMS_VERSION || p.size != sizeof(KvAppendParams)) {
+    return fail(cudaErrorInvalidValue, "KvAppendParams come from another flash_attn2.h: rebuild against this library's header");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return fail(cudaErrorInvalidValue, "dtype must be kFloat16 or kBFloat16");
+  if (p.batch < 0 || p.num_heads_k <= 0 || p.head_dim <= 0 || p.head_dim % 8 != 0 || p.head_dim > 256) {
+    return fail(cudaErrorInvalidValue, "batch must be >= 0, num_heads_k > 0, head_dim a multiple of 8 in 8..256");
+  }
+  if (p.cache_seqlens == nullptr) return fail(cudaErrorInvalidValue, "cache_seqlens must be set");
+  if (p.k_new != nullptr && (p.v_new == nullptr || p.k_cache == nullptr || p.v_cache == nullptr || p.seqlen_new < 0 ||
+                             p.cache_seqlen < 0 || (p.cache_batch_idx != nullptr && p.cache_batch < 1))) {
+    return fail(cudaErrorInvalidValue, "k_new needs v_new, k_cache, v_cache, seqlen_new >= 0, cache_seqlen >= 0 and, "
+                                       "with cache_batch_idx, cache_batch >= 1");
+  }
+  const bool rotary = p.rotary_dim > 0;
+  if (rotary && (p.rotary_cos == nullptr || p.rotary_sin == nullptr || p.rotary_dim % 2 != 0 ||
+                 p.rotary_dim > p.head_dim || p.seqlen_ro < 1)) {
+    return fail(cudaErrorInvalidValue, "rotary_dim > 0 needs rotary_cos, rotary_sin, seqlen_ro >= 1 and an even "
+                                       "rotary_dim <= head_dim");
+  }
+  if (p.q != nullptr && (p.q_out == nullptr || !rotary || p.seqlen_q < 0 || p.num_heads <= 0)) {
+    return fail(cudaErrorInvalidValue, "q needs q_out, rotary tables, seqlen_q >= 0 and num_heads > 0");
+  }
+  if (cudaError_t err = pending_error()) return err;
+  if (cudaError_t err = launch_kv_append(p, stream)) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
 }
 

@@ -223,7 +223,7 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
                     const Tensor& lse, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
                     int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                     int64_t window_left, int64_t window_right,
-                    double softcap, const OptTensor& alibi_slopes) {
+                    double softcap, const OptTensor& alibi_slopes, bool kv_batch_free = false) {
   const bool varlen = cu_seqlens_q.has_value();
   TORCH_CHECK(varlen == cu_seqlens_k.has_value(), "flash_attn2: pass both cu_seqlens_q and cu_seqlens_k, or neither");
   const int64_t dim = varlen ? 3 : 4;
@@ -286,13 +286,13 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
     p.lse_batch_stride = 0;
     p.lse_head_stride = lse.stride(0);
   } else {
-    TORCH_CHECK(k.size(0) == q.size(0), "flash_attn2: q and k must have the same batch size");
+    TORCH_CHECK(kv_batch_free || k.size(0) == q.size(0), "flash_attn2: q and k must have the same batch size");
     TORCH_CHECK(q.size(0) <= std::numeric_limits<int>::max(), "flash_attn2: batch must be < 2**31");
     p.batch = int(q.size(0));
     p.seqlen_q = rows(q.size(1));
     p.seqlen_k = rows(k.size(1));
     p.total_q = int64_t(p.batch) * p.seqlen_q;
-    p.total_k = int64_t(p.batch) * p.seqlen_k;
+    p.total_k = k.size(0) * p.seqlen_k;
     check_tensor(lse, "softmax_lse", 3, q, at::kFloat);
     TORCH_CHECK(lse.size(0) == q.size(0) && lse.size(1) == q.size(2) && lse.size(2) == q.size(1) && lse.stride(2) == 1,
                 "flash_attn2: softmax_lse must be (batch, nheads, seqlen_q) with unit row stride");
@@ -355,6 +355,18 @@ void set_dropout(flash_attn2::FwdParams& p, double dropout_p, const OptTensor& r
   p.rng_state = state;
 }
 
+// run_fwd, with the split-KV workspace where the forward splits the keys (its size depends on shapes alone, so
+// a captured graph replays with the same plan).
+void run_fwd_with_splits(flash_attn2::FwdParams& p, const Tensor& q) {
+  const int splits = flash_attn2::fwd_num_splits(p);
+  Tensor split_accum;
+  if (splits > 1) {
+    split_accum = at::empty({flash_attn2::fwd_split_accum_elems(p, splits)}, q.options().dtype(at::kFloat));
+    p.split_accum = split_accum.data_ptr<float>();
+  }
+  check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
+}
+
 // Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready; dropout as set_dropout.
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
@@ -381,7 +393,7 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));
     p.tile_counter = tile_counter.data_ptr<int>();
   }
-  check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
+  run_fwd_with_splits(p, q);
 }
 
 // Gradients into preallocated dq (q's shape), dk and dv (k's shape); every tensor but lse kernel-ready.
@@ -471,6 +483,113 @@ std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, cons
           deterministic, dropout_p, rng_state);
   const int64_t head_dim = q.size(-1);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim)};
+}
+
+// ---------------------------------------------------------------------------------------------------
+// flash_attn_with_kvcache: the update (new rows into the caches, rotary) and the split-KV forward. The Python
+// wrapper (flash_attn2/_kvcache.py) checks the arguments with user-facing errors; the checks here guard memory.
+
+void check_int_rows(const OptTensor& t, const char* name, int64_t batch, const Tensor& q) {
+  if (!t.has_value()) return;
+  TORCH_CHECK(t->scalar_type() == at::kInt && t->dim() == 1 && t->size(0) == batch && t->is_contiguous() &&
+                  t->device() == q.device(),
+              "flash_attn2: ", name, " must be a contiguous (batch,) int32 tensor on q's device");
+}
+
+std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const OptTensor& k,
+                                       const OptTensor& v, const OptTensor& rotary_cos, const OptTensor& rotary_sin,
+                                       const OptTensor& cache_seqlens, const OptTensor& cache_batch_idx,
+                                       const OptTensor& cache_leftpad, double softmax_scale, bool causal,
+                                       int64_t window_left, int64_t window_right, double softcap,
+                                       bool rotary_interleaved, const OptTensor& alibi_slopes, int64_t num_splits) {
+  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "flash_attn2: q, k_cache and v_cache must be 4-D");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "flash_attn2: k_cache and v_cache must have the same shape");
+  const int64_t batch = q.size(0), head_dim = q.size(3);
+  TORCH_CHECK(k_cache.size(3) == head_dim && q.size(2) % k_cache.size(2) == 0 && batch > 0,
+              "flash_attn2: k_cache must be (batch_cache, seqlen_cache, nheads_k, headdim) with q's headdim");
+  TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) == batch,
+              "flash_attn2: k_cache's batch must be q's without cache_batch_idx");
+  for (const Tensor* t : {&k_cache, &v_cache}) {
+    TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device() && t->stride(-1) == 1,
+                "flash_attn2: k_cache / v_cache must have q's dtype and device and a contiguous last dim");
+  }
+  check_int_rows(cache_seqlens, "cache_seqlens", batch, q);
+  check_int_rows(cache_batch_idx, "cache_batch_idx", batch, q);
+  check_int_rows(cache_leftpad, "cache_leftpad", batch, q);
+  check_alibi_slopes(alibi_slopes, q, std::nullopt);
+  TORCH_CHECK(num_splits >= 0 && num_splits <= flash_attn2::kMaxKvSplits, "flash_attn2: num_splits must be in 0..128");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const DType dtype = dtype_of(q);
+  Tensor qr = kernel_ready(q);
+  // The kernels' caches: the caller's, or a padded / aligned copy whose appended rows are copied back at the end.
+  Tensor kc = kernel_ready(k_cache), vc = kernel_ready(v_cache);
+  const int64_t seqlen_new = k.has_value() ? k->size(1) : 0;
+  if (k.has_value()) {
+    TORCH_CHECK(v.has_value() && cache_seqlens.has_value(), "flash_attn2: k needs v and cache_seqlens");
+    TORCH_CHECK(k->dim() == 4 && k->sizes() == v->sizes() && k->size(0) == batch && k->size(2) == k_cache.size(2) &&
+                    k->size(3) == head_dim && k->scalar_type() == q.scalar_type() && v->scalar_type() == q.scalar_type() &&
+                    k->device() == q.device() && v->device() == q.device(),
+                "flash_attn2: k and v must be (batch, seqlen_new, nheads_k, headdim) in q's dtype and device");
+    const Tensor kn = kernel_ready(*k), vn = kernel_ready(*v);
+    flash_attn2::KvAppendParams a{};
+    a.dtype = dtype;
+    a.batch = int(batch), a.num_heads_k = int(kc.size(2)), a.head_dim = int(kc.size(3));
+    a.k_new = kn.data_ptr(), a.v_new = vn.data_ptr(), a.seqlen_new = int(seqlen_new);
+    a.kn_batch_stride = kn.stride(0), a.kn_row_stride = kn.stride(1), a.kn_head_stride = kn.stride(2);
+    a.vn_batch_stride = vn.stride(0), a.vn_row_stride = vn.stride(1), a.vn_head_stride = vn.stride(2);
+    a.k_cache = kc.data_ptr(), a.v_cache = vc.data_ptr();
+    a.cache_batch = int(kc.size(0)), a.cache_seqlen = int(std::min<int64_t>(kc.size(1), flash_attn2::kMaxSeqlen));
+    a.kc_batch_stride = kc.stride(0), a.kc_row_stride = kc.stride(1), a.kc_head_stride = kc.stride(2);
+    a.vc_batch_stride = vc.stride(0), a.vc_row_stride = vc.stride(1), a.vc_head_stride = vc.stride(2);
+    a.cache_seqlens = cache_seqlens->data_ptr<int>();
+    a.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    Tensor q_rot;
+    if (rotary_cos.has_value()) {
+      TORCH_CHECK(rotary_sin.has_value() && rotary_cos->dim() == 2 && rotary_sin->sizes() == rotary_cos->sizes() &&
+                      rotary_cos->scalar_type() == q.scalar_type() && rotary_sin->scalar_type() == q.scalar_type() &&
+                      rotary_cos->device() == q.device() && rotary_sin->device() == q.device() &&
+                      rotary_cos->stride(1) == 1 && rotary_sin->stride(1) == 1 && rotary_cos->size(0) >= 1 &&
+                      2 * rotary_cos->size(1) <= head_dim,
+                  "flash_attn2: rotary_cos / rotary_sin must be (seqlen_ro, rotary_dim / 2) in q's dtype and device");
+      a.rotary_cos = rotary_cos->data_ptr(), a.rotary_sin = rotary_sin->data_ptr();
+      a.cos_row_stride = rotary_cos->stride(0), a.sin_row_stride = rotary_sin->stride(0);
+      a.seqlen_ro = int(std::min<int64_t>(rotary_cos->size(0), INT32_MAX));
+      a.rotary_dim = int(2 * rotary_cos->size(1));
+      a.interleaved = rotary_interleaved;
+      q_rot = at::empty(qr.sizes(), qr.options());
+      a.q = qr.data_ptr(), a.q_out = q_rot.data_ptr();
+      a.seqlen_q = int(qr.size(1)), a.num_heads = int(qr.size(2));
+      a.q_batch_stride = qr.stride(0), a.q_row_stride = qr.stride(1), a.q_head_stride = qr.stride(2);
+      a.qo_batch_stride = q_rot.stride(0), a.qo_row_stride = q_rot.stride(1), a.qo_head_stride = q_rot.stride(2);
+      a.q_positions_per_row = causal || window_left >= 0 || window_right >= 0;
+    }
+    check_launch(flash_attn2::run_kv_append(a, c10::cuda::getCurrentCUDAStream().stream()), q, "kv-cache update");
+    if (q_rot.defined()) qr = q_rot;
+  }
+  Tensor out = at::empty(qr.sizes(), qr.options());
+  Tensor lse = at::empty({batch, q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  if (q.numel() > 0 && kc.size(1) == 0) {  // a cache with no rows: every query sees nothing
+    out.zero_();
+    lse.fill_(-std::numeric_limits<float>::infinity());
+  } else if (q.numel() > 0) {
+    flash_attn2::FwdParams p{};
+    set_fwd_params(p, qr, kc, vc, out, lse, std::nullopt, std::nullopt, 0, 0, softmax_scale, causal, window_left,
+                   window_right, softcap, alibi_slopes, /*kv_batch_free=*/true);
+    if (cache_seqlens.has_value()) p.seqused_k = cache_seqlens->data_ptr<int>();
+    p.seqused_k_add = int(seqlen_new);
+    if (cache_leftpad.has_value()) p.leftpad_k = cache_leftpad->data_ptr<int>();
+    if (cache_batch_idx.has_value()) {
+      p.kv_batch_idx = cache_batch_idx->data_ptr<int>();
+      p.kv_batch = int(kc.size(0));
+    }
+    p.kv_splits = int(num_splits);
+    run_fwd_with_splits(p, q);
+  }
+  if (k.has_value()) {  // the caller's caches get the appended rows where the kernels wrote into a copy
+    if (kc.data_ptr() != k_cache.data_ptr()) const_cast<Tensor&>(k_cache).copy_(kc.narrow(-1, 0, head_dim));
+    if (vc.data_ptr() != v_cache.data_ptr()) const_cast<Tensor&>(v_cache).copy_(vc.narrow(-1, 0, head_dim));
+  }
+  return {unpadded(out, head_dim), lse};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -614,11 +733,17 @@ TORCH_LIBRARY(flash_attn2, m) {
         "int window_left, int window_right, float softcap, Tensor? alibi_slopes, bool deterministic, "
         "float dropout_p=0.0, Tensor? rng_state=None) "
         "-> (Tensor dq, Tensor dk, Tensor dv)");
+  // flash_attn_with_kvcache (forward only): writes k / v into k_cache / v_cache at cache_seqlens, then attends.
+  m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
+        "Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
+        "float softmax_scale, bool causal, int window_left, int window_right, float softcap, bool rotary_interleaved, "
+        "Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)");
 }
 
 TORCH_LIBRARY_IMPL(flash_attn2, CUDA, m) {
   m.impl("fwd", &fwd);
   m.impl("bwd", &bwd);
+  m.impl("fwd_kvcache", &fwd_kvcache);
 }
 
 TORCH_LIBRARY_IMPL(flash_attn2, Autograd, m) {

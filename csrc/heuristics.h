@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/launchers.h"  // DeviceInfo
+#include "sm80/tile_size.h"    // fwd_split_tile_sm80
 #include "sm90/tile_size.h"    // kBwdBlockNSm90
 
 namespace flash_attn2 {
@@ -124,6 +126,35 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
   const int64_t fill = (2 * int64_t(num_sms) + heads - 1) / heads;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + kDeterministicMinBlockN - 1) / kDeterministicMinBlockN;
   return int(std::max<int64_t>(1, std::min<int64_t>({fill, key_blocks, kMaxDeterministicSplits})));
+}
+
+// ---- The split-KV forward ----
+
+// Key splits for a split-KV call of `tiles` (query tile, head group) blocks over `n_blocks` key blocks: kv_splits
+// where the caller set it, else FA2's wave rule (flash-attn's num_splits_heuristic) on two blocks per SM (the
+// kernel's occupancy at d <= 128): none when the tiles alone nearly fill the GPU or there are at most 4 key
+// blocks (FA3's guard); otherwise the fewest splits whose last wave is within 85 % of the best one's fill,
+// counting only split counts that change the blocks per split. From the shapes alone (seqlen_k: a cache's
+// capacity), never from device values, so that it needs no sync and a captured graph keeps its plan.
+inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
+  if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
+  const int slots = 2 * std::max(device.num_sms, 1);
+  if (tiles >= int64_t(0.8 * slots) || n_blocks <= 4) return 1;
+  const int max_splits = std::min({kMaxKvSplits, slots, n_blocks});
+  auto blocks_per_split = [&](int s) { return (n_blocks + s - 1) / s; };
+  auto eligible = [&](int s) { return s == 1 || blocks_per_split(s) != blocks_per_split(s - 1); };
+  auto fill = [&](int s) {
+    const double waves = double(tiles) * s / slots;
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s) {
+    if (eligible(s)) best = std::max(best, fill(s));
+  }
+  for (int s = 1; s <= max_splits; ++s) {
+    if (eligible(s) && fill(s) >= 0.85 * best) return s;
+  }
+  return 1;
 }
 
 }  // namespace flash_attn2

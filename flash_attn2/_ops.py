@@ -20,6 +20,7 @@ ext = load()  # loading the library registers the ops
 
 fwd = torch.ops.flash_attn2.fwd
 bwd = torch.ops.flash_attn2.bwd
+fwd_kvcache = torch.ops.flash_attn2.fwd_kvcache  # its fake: flash_attn2/_kvcache.py
 
 
 def _empty_like(t: torch.Tensor) -> torch.Tensor:

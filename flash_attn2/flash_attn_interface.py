@@ -278,3 +278,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def compiled_head_dims(dtype: torch.dtype) -> list[int]:
     """Head-dim buckets with a compiled forward kernel for dtype."""
     return [d for d in range(32, MAX_HEAD_DIM + 1, 32) if _ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d]
+
+
+# flash_attn_with_kvcache lives with its op's fake; flash-attn exports it from this module.
+from ._kvcache import flash_attn_with_kvcache  # noqa: E402

@@ -109,3 +109,66 @@ def within_tolerance(ours, ref, torch_lowp, atol=1e-5) -> tuple[bool, float, flo
     """(ok, our error, PyTorch low-precision error) under the 2x rule."""
     err, err_pt = max_error(ours, ref), max_error(torch_lowp, ref)
     return err <= 2 * err_pt + atol, err, err_pt
+
+
+def rotary_ref(x, cos, sin, positions, interleaved):
+    """x (..., d) rotated at table rows positions (x's shape without d, long) in float32, back in x's dtype:
+    the first rotary_dim = 2 * cos.shape[1] dims, in pairs (2i, 2i + 1) when interleaved, else (i, i + rd / 2)."""
+    rd = 2 * cos.shape[1]
+    c, s = cos.float()[positions], sin.float()[positions]  # (..., rd / 2)
+    xf = x.float()
+    if interleaved:
+        x0, x1 = xf[..., 0:rd:2], xf[..., 1:rd:2]
+    else:
+        x0, x1 = xf[..., : rd // 2], xf[..., rd // 2: rd]
+    y0, y1 = x0 * c - x1 * s, x1 * c + x0 * s
+    out = xf.clone()
+    if interleaved:
+        out[..., 0:rd:2], out[..., 1:rd:2] = y0, y1
+    else:
+        out[..., : rd // 2], out[..., rd // 2: rd] = y0, y1
+    return out.to(x.dtype)
+
+
+def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
+                cache_batch_idx=None, cache_leftpad=None, causal=False, window=(-1, -1), softcap=0.0, alibi_slopes=None,
+                rotary_interleaved=True, softmax_scale=None, upcast=True):
+    """flash_attn_with_kvcache's result from its definition (flash_attn2/_kvcache.py), device values clamped as the
+    kernels clamp them: (out, lse, k_cache', v_cache') with the caches as the call leaves them (new copies)."""
+    batch, seqlen_q = q.shape[:2]
+    cache_b, seqlen_cache = k_cache.shape[:2]
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    s_new = 0 if k is None else k.shape[1]
+    lens = (cache_seqlens.long().clamp(0, seqlen_cache) if cache_seqlens is not None
+            else torch.full((batch,), seqlen_cache, device=q.device))
+    idx = (cache_batch_idx.long().clamp(0, cache_b - 1) if cache_batch_idx is not None
+           else torch.arange(batch, device=q.device))
+    rotary = rotary_cos is not None
+    if k is not None:
+        for b in range(batch):
+            for j in range(s_new):
+                row = int(lens[b]) + j
+                if row >= seqlen_cache:
+                    continue
+                pos = torch.tensor([min(row, rotary_cos.shape[0] - 1)], device=q.device) if rotary else None
+                kb = rotary_ref(k[b, j][None], rotary_cos, rotary_sin, pos[:, None].expand(1, k.shape[2]),
+                                rotary_interleaved)[0] if rotary else k[b, j]
+                k_cache[idx[b], row] = kb
+                v_cache[idx[b], row] = v[b, j]
+    outs, lses = [], []
+    for b in range(batch):
+        end = min(int(lens[b]) + s_new, seqlen_cache) if cache_seqlens is not None else seqlen_cache
+        start = min(max(int(cache_leftpad[b]), 0), end) if cache_leftpad is not None else 0
+        qb = q[b:b + 1]
+        if rotary:
+            per_row = causal or window[0] >= 0 or window[1] >= 0
+            pos = (int(lens[b]) + (torch.arange(seqlen_q, device=q.device) if per_row else torch.zeros(
+                seqlen_q, dtype=torch.long, device=q.device))).clamp(max=rotary_cos.shape[0] - 1)
+            qb = rotary_ref(qb, rotary_cos, rotary_sin, pos[None, :, None].expand(1, seqlen_q, q.shape[2]),
+                            rotary_interleaved)
+        kb, vb = k_cache[idx[b], start:end][None], v_cache[idx[b], start:end][None]
+        slopes = alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes
+        o, l = attention_ref(qb, kb, vb, causal, softmax_scale, upcast, window, softcap, slopes)
+        outs.append(o)
+        lses.append(l)
+    return torch.cat(outs), torch.cat(lses), k_cache, v_cache

@@ -52,7 +52,8 @@ def test_common_headers_include_no_arch_folder():
         assert not arch, f"{os.path.relpath(header, CSRC)} reaches {_rel(arch)}"
 
 
-@pytest.mark.parametrize("unit", _files(os.path.join(CSRC, "instantiations"), ".cu") + [os.path.join(CSRC, "bwd_aux.cu")],
+@pytest.mark.parametrize("unit", _files(os.path.join(CSRC, "instantiations"), ".cu") + [os.path.join(CSRC, "bwd_aux.cu"),
+                                                                              os.path.join(CSRC, "fwd_aux.cu")],
                          ids=os.path.basename)
 def test_kernel_units_do_not_see_the_host_heuristics(unit):
     assert os.path.join(CSRC, "heuristics.h") not in _closure(unit)

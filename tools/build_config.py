@@ -168,7 +168,8 @@ def debug_flags(env=os.environ) -> list[str]:
 
 def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:
     """One file per (direction, head dim, dtype[, arch]) of each path, the Hopper backward's for the kernels
-    that serve the head dims; the backward's dtype-generic helpers are always built."""
+    that serve the head dims, the split-KV forward's for every path; the dtype-generic helpers of the backward
+    and of the split-KV forward are always built."""
     def file(direction, d, t, suffix=""):
         return os.path.join(csrc, "instantiations", f"{direction}_hdim{d}_{t}{suffix}.cu")
     files = []
@@ -178,7 +179,9 @@ def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("s
         files += [file("fwd", d, t, "_sm90") for d in head_dims for t in dtypes]
         files += [file("bwd", d, t, "_sm90") for d in sorted({bwd_sm90_kernel_dim(d) for d in head_dims})
                   for t in dtypes]
-    return files + [os.path.join(csrc, "bwd_aux.cu")]
+    # The split-KV forward (SM80 tensor cores) serves decode and KV-cache calls on every path.
+    files += [file("fwd_split", d, t) for d in head_dims for t in dtypes]
+    return files + [os.path.join(csrc, "bwd_aux.cu"), os.path.join(csrc, "fwd_aux.cu")]
 
 
 def kernel_definitions(head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:

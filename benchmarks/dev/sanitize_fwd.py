@@ -1,7 +1,8 @@
 # A few small forward calls (fixed and varlen; causal, windows, softcap, ALiBi, dropout) for compute-sanitizer, on
-# the default path and on the SM80 one (FLASH_ATTN2_BACKEND=sm80); head dims 64 and 128 where compiled (bf16).
+# the default path and on the SM80 one (FLASH_ATTN2_BACKEND=sm80); head dims 64 and 128 where compiled (bf16);
+# then flash_attn_with_kvcache (the update kernel, the split-KV forward and its combine) with hostile device values.
 import torch
-from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func
+from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from flash_attn2.bench.grid import forward_backend
 
 # The default sm_90 build has no SM80 path (FLASH_ATTN2_SM80=1 adds it).
@@ -21,3 +22,20 @@ for backend in (None, "sm80") if _ops.ext.sm80_built else (None,):
                 flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra)
 torch.cuda.synchronize()
 print("small: ok")
+
+for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = torch.randn(4, 2, 8, d, **bf16), torch.randn(4, 2, 2, d, **bf16), torch.randn(4, 2, 2, d, **bf16)
+    k_cache, v_cache = torch.randn(3, 77, 2, d, **bf16), torch.randn(3, 77, 2, d, **bf16)
+    angle = torch.rand(77, d // 4, device="cuda")
+    cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+    ints = lambda *x: torch.tensor(x, device="cuda", dtype=torch.int32)  # noqa: E731
+    for seqlens, idx, leftpad in ((ints(0, 10, 75, 76), ints(0, 1, 2, 1), None),
+                                  (ints(-5, 76, 2**31 - 1, 40), ints(-1, 2, 99, 0), ints(3, -2, 60, 2**30))):
+        for causal, window, softcap, alibi, splits in ((False, (-1, -1), 0.0, None, 0), (True, (-1, -1), 0.0, None, 3),
+                                                       (False, (5, 3), 30.0, torch.rand(8, device="cuda"), 128)):
+            flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, seqlens, idx, leftpad, causal=causal,
+                                    window_size=window, softcap=softcap, alibi_slopes=alibi, num_splits=splits)
+    flash_attn_func(q[:3, :1], k_cache, v_cache, causal=True)  # decode through flash_attn_func: the split kernel
+torch.cuda.synchronize()
+print("kvcache: ok")

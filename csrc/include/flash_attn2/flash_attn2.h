@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 7
+#define FLASH_ATTN2_PARAMS_VERSION 8
 
 namespace flash_attn2 {
 
@@ -23,6 +23,9 @@ enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
 
 // Largest seqlen, max_seqlen and packed total (rows) accepted: keeps every block index in 32 bits.
 constexpr int kMaxSeqlen = 0x7fff0000;  // 2^31 - 2^16
+
+// Most key splits a split-KV forward takes (FwdParams::kv_splits).
+constexpr int kMaxKvSplits = 128;
 
 struct FwdParams {
   // Filled in by the header the caller compiled against; run_fwd / run_bwd check both.
@@ -94,6 +97,29 @@ struct FwdParams {
   // must stay valid until the work queued on `stream` is done, and no two forwards that may run at the
   // same time (other streams, graphs) may share one. nullptr: fixed order. run_bwd ignores it.
   int* tile_counter = nullptr;
+
+  // ---- KV cache (flash_attn_with_kvcache) and split-KV; fixed-length calls only (cu_seqlens unset) ----
+  // These are device values the kernels do not trust; each is clamped as said, so that no row outside k / v
+  // is read. Setting any of them runs the split-KV kernel.
+  // seqused_k: (batch,) int32; batch entry b uses key rows [leftpad_k[b], seqused_k[b] + seqused_k_add) of its
+  // k / v rows (seqlen_k of them: a cache's capacity), seqused_k[b] clamped to [0, seqlen_k] (as run_kv_append
+  // clamps cache_seqlens) and the end to seqlen_k, the start to [0, end]; seqused_k nullptr: the end is seqlen_k. seqused_k_add: rows appended by this call (flash_attn_with_kvcache's
+  // new k / v), >= 0. Causal masks, windows and ALiBi are aligned to the used rows: key row leftpad_k[b] + j is
+  // key j of a sequence of end - start keys.
+  const int* seqused_k = nullptr;
+  int seqused_k_add = 0;
+  const int* leftpad_k = nullptr;
+  // kv_batch_idx: (batch,) int32; batch entry b reads k / v batch entry kv_batch_idx[b], clamped to
+  // [0, kv_batch); nullptr: entry b. k / v then have kv_batch entries (kv_batch >= 1), q / out batch.
+  const int* kv_batch_idx = nullptr;
+  int kv_batch = 0;
+  // Split-KV: the key range of each (query tile, kv head) is cut into kv_splits parts run by separate blocks,
+  // which write fp32 partial outputs and LSEs into split_accum (fwd_split_accum_elems), merged by a second
+  // kernel. 0: run_fwd chooses (fwd_num_splits; 1 where split_accum is nullptr), 1: no split, n: n (at most
+  // kMaxKvSplits). The splits change the order of the sums: results differ from the unsplit ones in the last
+  // bits. Rows of a kv head's query heads share one tile (GQA packing) where the call has no ALiBi.
+  int kv_splits = 0;
+  float* split_accum = nullptr;
 };
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse (all fields of FwdParams, with
@@ -136,6 +162,58 @@ int64_t bwd_dq_accum_elems(const BwdParams& params);
 // The compiled head-dim bucket that serves head_dim (the smallest one >= head_dim), or 0 if none. The
 // backward is compiled for the same buckets.
 int fwd_head_dim_bucket(int head_dim, DType dtype);
+
+// The key splits run_fwd will use for params given a split_accum (>= 1; 1: no split): kv_splits, or where it is
+// 0 a choice from the shapes and the current device's SM count (never from device values). Where it is 0 and
+// split_accum is nullptr, run_fwd does not split.
+int fwd_num_splits(const FwdParams& params);
+// fp32 elements of split_accum for num_splits splits: partial outputs (num_splits, batch, num_heads, seqlen_q,
+// head_dim), then partial LSEs (num_splits, batch, num_heads, seqlen_q). 0 for num_splits <= 1.
+int64_t fwd_split_accum_elems(const FwdParams& params, int num_splits);
+
+// flash_attn_with_kvcache's update before its forward: the new keys and values written into the caches (keys
+// rotated), and q rotated into q_out. Rotary embedding (rotary_dim > 0) rotates the first rotary_dim columns
+// of a row at position pos by cos / sin row pos (tables of (seqlen_ro, rotary_dim / 2), dtype's elements):
+// interleaved pairs (2i, 2i + 1), else the halves (i, i + rotary_dim / 2). New row j of batch entry b goes to
+// cache row cache_seqlens[b] + j of cache batch entry cache_batch_idx[b] (clamped to [0, cache_batch); nullptr:
+// b) at position cache_seqlens[b] + j; rows that would land at or past cache_seqlen are not written, and
+// cache_seqlens below 0 read as 0. q's row i sits at position cache_seqlens[b] + i where q_positions_per_row
+// (causal or windowed calls), else at cache_seqlens[b]; positions clamp to seqlen_ro - 1.
+struct KvAppendParams {
+  uint32_t version = FLASH_ATTN2_PARAMS_VERSION;
+  uint32_t size = sizeof(KvAppendParams);
+  DType dtype;
+  int batch, num_heads_k, head_dim;  // head_dim a multiple of 8
+  // New keys and values (batch, seqlen_new, num_heads_k, head_dim), or nullptr (seqlen_new 0) for none.
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int seqlen_new = 0;
+  int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
+  int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
+  void* k_cache = nullptr;  // (cache_batch, cache_seqlen, num_heads_k, head_dim)
+  void* v_cache = nullptr;
+  int cache_batch = 0, cache_seqlen = 0;
+  int64_t kc_batch_stride = 0, kc_row_stride = 0, kc_head_stride = 0;
+  int64_t vc_batch_stride = 0, vc_row_stride = 0, vc_head_stride = 0;
+  const int* cache_seqlens = nullptr;  // (batch,) int32 on the device; required
+  const int* cache_batch_idx = nullptr;
+  // Rotary tables, or nullptr / rotary_dim 0 for none; rotary_dim even, <= head_dim.
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int64_t cos_row_stride = 0, sin_row_stride = 0;
+  int seqlen_ro = 0, rotary_dim = 0;
+  bool interleaved = true;
+  // q (batch, seqlen_q, num_heads, head_dim) rotated into q_out (same shape), or nullptr for neither.
+  const void* q = nullptr;
+  void* q_out = nullptr;
+  int seqlen_q = 0, num_heads = 0;
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t qo_batch_stride = 0, qo_row_stride = 0, qo_head_stride = 0;
+  bool q_positions_per_row = false;
+};
+
+// Enqueues the update (one kernel). Errors as for run_fwd.
+cudaError_t run_kv_append(const KvAppendParams& params, cudaStream_t stream);
 
 // Enqueues the forward pass on stream. Returns cudaErrorNotSupported when no kernel was compiled for
 // (head_dim, dtype) or for the forward path FLASH_ATTN2_BACKEND insists on, cudaErrorInvalidValue for

@@ -37,6 +37,20 @@ __device__ BlockRange fwd_block_range(const Window& w, int m_block) {
   return {n_min, n_max, n_masked_min, n_unmasked_min};
 }
 
+// The same for query rows [row_first, row_last] of any tile (the split-KV forward's packed tiles: several
+// heads' rows of a few queries). A copy of fwd_block_range's arithmetic rather than its body: routing the
+// training kernels through this one is left for a SASS comparison.
+template <int kBlockN, bool kLeftEdge>
+__device__ BlockRange fwd_block_range_rows(const Window& w, int row_first, int row_last) {
+  const int n_max = blocks_to<kBlockN>(max(0, w.key_end(row_last)));
+  if constexpr (!kLeftEdge) return {0, n_max, min(n_max, blocks_below<kBlockN>(max(0, w.key_end(row_first)))), 0};
+  const int n_min = min(n_max, blocks_below<kBlockN>(w.key_begin(row_first)));
+  auto clamp = [&](int n) { return max(n_min, min(n_max, n)); };
+  const int n_unmasked_min = clamp(blocks_to<kBlockN>(w.key_begin(row_last)));
+  const int n_masked_min = max(n_unmasked_min, clamp(blocks_below<kBlockN>(max(0, w.key_end(row_first)))));
+  return {n_min, n_max, n_masked_min, n_unmasked_min};
+}
+
 // The backward's transpose: visit query blocks m_max - 1 down to m_min: those in [m_unmasked_max, m_max) mask
 // both edges (MaskBoth: the left one crosses them), those in [m_unmasked_min, m_unmasked_max) nothing, those
 // in [m_min, m_unmasked_min) the right edge (MaskRight: the causal diagonal, or keys past the sequence).

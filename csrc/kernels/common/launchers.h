@@ -31,6 +31,8 @@ struct LaunchPlan {
   // Hopper backward, fixed-length causal, narrow kernels: whether one (batch, kv head) pair's Q, dO and dQ
   // accumulator rows fit in L2, which lets the last two pairs interleave (bwd_launch.h).
   bool causal_pair_fits_l2 = false;
+  // Split-KV forward: the key splits (heuristics.h's fwd_kv_splits; 1: none).
+  int kv_splits = 1;
 };
 
 using FwdLauncher = cudaError_t (*)(const FwdParams&, const LaunchPlan&, cudaStream_t);
@@ -47,6 +49,16 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_sm90(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, const LaunchPlan& plan, cudaStream_t stream);
+
+// The split-KV forward (sm80/fwd_split_launch.h; SM80 tensor cores, built for every target, Hopper included):
+// decode and KV-cache calls (dispatch.cpp: uses_split_kernel).
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream);
+
+// fwd_aux.cu: out and lse from the splits' partials in split_accum, after a split forward.
+cudaError_t launch_fwd_combine(const FwdParams& params, int splits, cudaStream_t stream);
+// fwd_aux.cu: flash_attn_with_kvcache's update (flash_attn2.h: KvAppendParams).
+cudaError_t launch_kv_append(const KvAppendParams& params, cudaStream_t stream);
 
 // bwd_aux.cu: the backward's kernels around the main one, for any head dim and dtype.
 // D = rowsum(dout o out) and LSE * log2(e) into softmax_d before the main kernel; also zeroes accum_elems of the

@@ -91,3 +91,37 @@ using BwdTileFor = BwdTile<bwd_tile_sm80(kHeadDim, kKind, kCompact).block_m, bwd
                            bwd_tile_sm80(kHeadDim, kKind, kCompact).atom_dq, bwd_tile_sm80(kHeadDim, kKind, kCompact).stages>;
 
 }  // namespace flash_attn2
+
+namespace flash_attn2 {
+
+// ---- Split-KV forward (decode): 64 packed query rows, 4 warps, kStages K / V buffers in flight ----
+// Memory-bound: every K / V stage is 32 KB (kBlockN * head dim = 8K elements; 32-row minimum at d > 128), and
+// kStages - 1 of them load while one is computed. Three stages (112 KB at d 128) leave two blocks per SM on
+// H100 / A100; GPUs with 99 KB per block (FLASH_ATTN2_COMPACT_TILES builds) take two.
+struct FwdSplitTileSize {
+  int block_m, block_n, warps, stages;
+};
+
+constexpr FwdSplitTileSize fwd_split_tile_sm80(int head_dim) {
+#if FLASH_ATTN2_COMPACT_TILES
+  constexpr int kStages = 2;
+#else
+  constexpr int kStages = 3;
+#endif
+  return head_dim <= 64    ? FwdSplitTileSize{64, 128, 4, kStages}
+         : head_dim <= 128 ? FwdSplitTileSize{64, 64, 4, kStages}
+                           : FwdSplitTileSize{64, 32, 4, 2};
+}
+constexpr int kFwdSplitBlockM = 64;  // every head dim's: dispatch.cpp sizes the grid with it
+
+template <int kBlockM_, int kBlockN_, int kNWarps_, int kStages_>
+struct SplitTile {
+  static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_, kStages = kStages_;
+};
+
+template <int kHeadDim>
+using FwdSplitTileFor = SplitTile<fwd_split_tile_sm80(kHeadDim).block_m, fwd_split_tile_sm80(kHeadDim).block_n,
+                                  fwd_split_tile_sm80(kHeadDim).warps, fwd_split_tile_sm80(kHeadDim).stages>;
+static_assert(fwd_split_tile_sm80(32).block_m == kFwdSplitBlockM && fwd_split_tile_sm80(256).block_m == kFwdSplitBlockM);
+
+}  // namespace flash_attn2

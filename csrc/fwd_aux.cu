@@ -1,0 +1,160 @@
+// The split-KV forward's kernels around the main one, for any head dim and dtype (plain CUDA, the head dim a
+// runtime value, like bwd_aux.cu): the combine of the splits' partials, and flash_attn_with_kvcache's update
+// (new keys and values into the caches, rotary embedding of keys and queries).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include "flash_attn2/flash_attn2.h"
+#include "common/launchers.h"
+#include "common/split_kv.h"
+
+namespace flash_attn2 {
+namespace {
+
+constexpr int kWarps = 8;
+
+__device__ inline float to_float(__half x) { return __half2float(x); }
+__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ inline T from_float(float x);
+template <>
+__device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// One warp per output row (batch entry, head, query row): LSE = log sum_s exp(LSE_s), out = sum_s exp(LSE_s - LSE)
+// O_s, in fp32, four columns per lane at a time. A row whose splits all saw no key gets out 0 and LSE -inf (as an
+// unsplit forward gives).
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_constant__ FwdParams p, int splits) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (batch, head, query) flattened
+  const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
+  if (row >= rows) return;
+  const int i = int(row % p.seqlen_q), h = int(row / p.seqlen_q % p.num_heads), b = int(row / p.seqlen_q / p.num_heads);
+  const float* accum_lse = p.split_accum + split_lse_offset(p, splits);
+  const int64_t split_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // rows per split
+  float m = -INFINITY;
+  for (int s = lane; s < splits; s += 32) m = fmaxf(m, accum_lse[s * split_stride + row]);
+  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  float sum = 0.f;
+  if (m != -INFINITY) {
+    for (int s = lane; s < splits; s += 32) sum += expf(accum_lse[s * split_stride + row] - m);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float lse = sum == 0.f ? -INFINITY : m + logf(sum);
+  if (lane == 0) p.lse[b * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + i] = lse;
+  T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + int64_t(i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
+  for (int col = lane * 4; col < p.head_dim; col += 128) {  // head_dim is a multiple of 8
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (lse != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float lse_s = accum_lse[s * split_stride + row];
+        if (lse_s == -INFINITY) continue;
+        const float w = expf(lse_s - lse);
+        const float4 o = *reinterpret_cast<const float4*>(p.split_accum + (s * split_stride + row) * p.head_dim + col);
+        acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
+      }
+    }
+    T vals[4];
+    for (int k = 0; k < 4; ++k) vals[k] = from_float<T>(acc[k]);
+    *reinterpret_cast<uint2*>(out + col) = *reinterpret_cast<const uint2*>(vals);
+  }
+}
+
+// Rotary embedding of one row's first rotary_dim columns at table row `pos`, the rest copied: dst col c from
+// src. cos / sin rows hold rotary_dim / 2 entries.
+template <typename T>
+__device__ void rotate_row(const T* src, T* dst, int head_dim, int rotary_dim, bool interleaved, const T* cos,
+                           const T* sin, int lane, int lanes) {
+  for (int c = lane; c < head_dim; c += lanes) {
+    float x = to_float(src[c]);
+    if (c < rotary_dim) {
+      const int half = rotary_dim / 2;
+      // Pair (c, partner): c first (x0) or second (x1) of it, and the table entry both use.
+      const bool first = interleaved ? c % 2 == 0 : c < half;
+      const int partner = interleaved ? (first ? c + 1 : c - 1) : (first ? c + half : c - half);
+      const int t = interleaved ? c / 2 : (first ? c : c - half);
+      const float y = to_float(src[partner]), co = to_float(cos[t]), si = to_float(sin[t]);
+      x = first ? x * co - y * si : x * co + y * si;  // (x0, x1) -> (x0 cos - x1 sin, x1 cos + x0 sin)
+    }
+    dst[c] = from_float<T>(x);
+  }
+}
+
+// One warp per row: the new keys (rotated) and values into the caches, then q's rows (rotated) into q_out.
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32) kv_append_kernel(const __grid_constant__ KvAppendParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int64_t kv_rows = p.k_new != nullptr ? int64_t(p.batch) * p.seqlen_new * p.num_heads_k : 0;
+  const int64_t q_rows = p.q != nullptr ? int64_t(p.batch) * p.seqlen_q * p.num_heads : 0;
+  const bool rotary = p.rotary_dim > 0 && p.rotary_cos != nullptr && p.rotary_sin != nullptr;
+  auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : x > hi ? hi : x; };
+  if (item < kv_rows) {
+    const int h = int(item % p.num_heads_k), j = int(item / p.num_heads_k % p.seqlen_new);
+    const int b = int(item / p.num_heads_k / p.seqlen_new);
+    const int64_t dst_row = clamp(p.cache_seqlens[b], 0, p.cache_seqlen) + j;
+    if (dst_row >= p.cache_seqlen) return;  // past the cache: not written
+    const int cb = p.cache_batch_idx != nullptr ? int(clamp(p.cache_batch_idx[b], 0, p.cache_batch - 1)) : b;
+    const T* k = static_cast<const T*>(p.k_new) + b * p.kn_batch_stride + j * p.kn_row_stride + h * p.kn_head_stride;
+    const T* v = static_cast<const T*>(p.v_new) + b * p.vn_batch_stride + j * p.vn_row_stride + h * p.vn_head_stride;
+    T* kc = static_cast<T*>(p.k_cache) + cb * p.kc_batch_stride + dst_row * p.kc_row_stride + h * p.kc_head_stride;
+    T* vc = static_cast<T*>(p.v_cache) + cb * p.vc_batch_stride + dst_row * p.vc_row_stride + h * p.vc_head_stride;
+    if (rotary) {
+      const int64_t pos = clamp(dst_row, 0, p.seqlen_ro - 1);
+      rotate_row(k, kc, p.head_dim, p.rotary_dim, p.interleaved, static_cast<const T*>(p.rotary_cos) + pos * p.cos_row_stride,
+                 static_cast<const T*>(p.rotary_sin) + pos * p.sin_row_stride, lane, 32);
+    } else {
+      for (int c = lane * 8; c < p.head_dim; c += 256) *reinterpret_cast<uint4*>(kc + c) = *reinterpret_cast<const uint4*>(k + c);
+    }
+    for (int c = lane * 8; c < p.head_dim; c += 256) *reinterpret_cast<uint4*>(vc + c) = *reinterpret_cast<const uint4*>(v + c);
+    return;
+  }
+  if (item - kv_rows >= q_rows) return;
+  const int64_t q_item = item - kv_rows;
+  const int h = int(q_item % p.num_heads), i = int(q_item / p.num_heads % p.seqlen_q);
+  const int b = int(q_item / p.num_heads / p.seqlen_q);
+  const T* q = static_cast<const T*>(p.q) + b * p.q_batch_stride + int64_t(i) * p.q_row_stride + h * p.q_head_stride;
+  T* qo = static_cast<T*>(p.q_out) + b * p.qo_batch_stride + int64_t(i) * p.qo_row_stride + h * p.qo_head_stride;
+  const int64_t pos = clamp(clamp(p.cache_seqlens[b], 0, p.cache_seqlen) + (p.q_positions_per_row ? i : 0), 0,
+                            p.seqlen_ro - 1);
+  rotate_row(q, qo, p.head_dim, rotary ? p.rotary_dim : 0, p.interleaved,
+             static_cast<const T*>(p.rotary_cos) + pos * p.cos_row_stride,
+             static_cast<const T*>(p.rotary_sin) + pos * p.sin_row_stride, lane, 32);
+}
+
+}  // namespace
+
+cudaError_t launch_fwd_combine(const FwdParams& p, int splits, cudaStream_t stream) {
+  const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
+  const int64_t blocks = (rows + kWarps - 1) / kWarps;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  if (p.dtype == DType::kFloat16) {
+    fwd_combine_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p, splits);
+  } else {
+    fwd_combine_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p, splits);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_kv_append(const KvAppendParams& p, cudaStream_t stream) {
+  const int64_t kv_rows = p.k_new != nullptr ? int64_t(p.batch) * p.seqlen_new * p.num_heads_k : 0;
+  const int64_t q_rows = p.q != nullptr ? int64_t(p.batch) * p.seqlen_q * p.num_heads : 0;
+  const int64_t blocks = (kv_rows + q_rows + kWarps - 1) / kWarps;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  if (p.dtype == DType::kFloat16) {
+    kv_append_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
+  } else {
+    kv_append_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flash_attn2

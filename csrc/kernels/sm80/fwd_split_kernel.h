@@ -1,0 +1,245 @@
+// Split-KV forward (decode, KV caches): O = softmax(scale * Q K^T) V for one (packed query tile, key split,
+// batch entry, head group) block, with SM80 tensor cores (any sm_80+ GPU, Hopper included).
+//
+// Decode is memory-bound: a step reads one query row per head against the whole cache. So (common/split_kv.h)
+// the query heads of a kv head share a tile (GQA packing: each key is read once for all of them), the key range
+// is cut into splits that fill the GPU, and K / V stream through kStages buffers with cp.async, kStages - 1
+// blocks in flight while one is computed. A split writes an fp32 partial O and its LSE; fwd_combine_kernel
+// (csrc/fwd_aux.cu) merges them. One split writes out and lse directly.
+//
+// The softmax is the training forward's (common/softmax.h); mask, score modifiers and block ranges are the
+// shared ones, with the packed row's query index (r / pack) where they take a row.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "common/block_range.h"
+#include "common/mask.h"
+#include "common/score_mod.h"
+#include "common/softmax.h"
+#include "common/split_kv.h"
+#include "common/utils.h"
+#include "flash_attn2/flash_attn2.h"
+#include "sm80/kernel_traits.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim, typename Element, class Tile>
+struct FwdSplitTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
+  using Base = CommonTraits<kHeadDim, Element, Tile::kNWarps>;
+  static constexpr int kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN, kStages = Tile::kStages;
+  static_assert(kBlockM == 16 * Tile::kNWarps, "one 16-row MMA tile of packed rows per warp");
+  static_assert(kBlockN % 16 == 0 && kStages >= 2);
+  using TiledMma = typename Base::template TiledMmaFor<Tile::kNWarps>;
+  using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;
+  using SmemLayoutKV = typename Base::template SmemLayoutRows<kBlockN>;
+  using SmemLayoutVt = typename Base::template Transposed<SmemLayoutKV>;  // (D, kBlockN)
+  static constexpr int kQSize = cute::cosize(SmemLayoutQ{});
+  static constexpr int kKVSize = cute::cosize(SmemLayoutKV{});
+  // Q (the output tile reuses it), then kStages K buffers, then kStages V buffers.
+  static constexpr int kSmemBytes = int(sizeof(Element)) * (kQSize + 2 * kStages * kKVSize);
+};
+
+// A tensor's layout over another buffer of the same shape: a stage's partition from stage 0's.
+template <class Tensor>
+__device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
+  return cute::make_tensor(t.data() + offset, t.layout());
+}
+
+template <class Traits, bool kExtended>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const __grid_constant__ FwdParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages, kNThreads = Traits::kNThreads;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+  const int tid = threadIdx.x;
+  const int m_block = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
+  const int pack = split_pack(params), groups = params.num_heads / pack;
+  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
+  const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
+  const int rows = params.seqlen_q * pack, row0 = m_block * kBlockM;  // packed rows: all, and this tile's first
+  const KvRows kv(params, bidb);
+  const Window window(params.seqlen_q, kv.len_k, params);
+  // The tile's query rows, first and last, bound its key blocks; the split takes its share of them.
+  const BlockRange blocks = fwd_block_range_rows<kBlockN, kExtended>(
+      window, row0 / pack, (min(row0 + kBlockM, rows) - 1) / pack);
+  const SplitBlocks mine = split_blocks(blocks.n_min, blocks.n_max, split, splits);
+
+  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + kv.kv_bidb * params.k_batch_stride +
+                                      kv.start * params.k_row_stride + bidh_k * params.k_head_stride,
+                                  kv.len_k, params.k_row_stride);  // (len_k, D)
+  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + kv.kv_bidb * params.v_batch_stride +
+                                      kv.start * params.v_row_stride + bidh_k * params.v_head_stride,
+                                  kv.len_k, params.v_row_stride);  // (len_k, D)
+  Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));  // (kBlockN, D, n)
+  Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));  // (kBlockN, D, n)
+
+  extern __shared__ __align__(128) char smem[];
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (kBlockM, D)
+  Tensor sK = make_tensor(sQ.data() + int(Traits::kQSize), typename Traits::SmemLayoutKV{});  // (kBlockN, D), stage 0
+  Tensor sV = make_tensor(sK.data() + int(kStages * Traits::kKVSize), typename Traits::SmemLayoutKV{});  // (kBlockN, D), stage 0
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (D, kBlockN), stage 0
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});    // (kBlockM, D), once Q is done
+
+  // Packed row r of the tile: query row (row0 + r) / pack of head head0 + (row0 + r) % pack.
+  auto query_of = [&](int r) { return (row0 + r) / pack; };
+  auto head_of = [&](int r) { return head0 + (row0 + r) % pack; };
+
+  // Q: gathered row by row (the rows of a tile belong to different heads), 16 bytes per copy; zeros past the
+  // rows and the head dim. Stored synchronously: it is small, and the first step's barrier publishes it.
+  constexpr int kChunks = kHeadDim / 8;
+  for (int idx = tid; idx < kBlockM * kChunks; idx += kNThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    uint4 value = {0, 0, 0, 0};
+    if (row0 + r < rows && c * 8 < params.head_dim) {
+      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) + bidb * params.q_batch_stride +
+                                              int64_t(query_of(r)) * params.q_row_stride +
+                                              int64_t(head_of(r)) * params.q_head_stride + c * 8);
+    }
+    *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
+  }
+
+  // Global -> shared for K and V, stage 0's partition; stage s is kKVSize elements on.
+  typename Traits::GmemTiledCopyIn gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tKgK = gmem_thr.partition_S(gK);                                // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = gmem_thr.partition_D(sK);                                // (CPY, CPY_N, CPY_D)
+  Tensor tVgV = gmem_thr.partition_S(gV);                                // (CPY, CPY_N, CPY_D, n)
+  Tensor tVsV = gmem_thr.partition_D(sV);                                // (CPY, CPY_N, CPY_D)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
+  // Block n into stage n % kStages; the sequence's last block may be cut (zeros past len_k: a cache's unused
+  // rows, whatever they hold, never reach a score or P V).
+  auto load_kv = [&](int n_block) {
+    const int offset = (n_block % kStages) * int(Traits::kKVSize), rows_left = kv.len_k - n_block * kBlockN;
+    if (rows_left < kBlockN) {
+      load_tile<true>(gmem_copy, tKgK(_, _, _, n_block), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
+      load_tile<true>(gmem_copy, tVgV(_, _, _, n_block), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
+    } else {
+      load_tile<false>(gmem_copy, tKgK(_, _, _, n_block), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
+      load_tile<false>(gmem_copy, tVgV(_, _, _, n_block), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
+    }
+  };
+
+  typename Traits::TiledMma mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(sV.data(), get_nonswizzle_portion(typename Traits::SmemLayoutVt{})));  // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(mma, TileQ{});  // (MMA, MMA_M, MMA_D)
+  clear(acc_o);
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma);
+  Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);    // (CPY, CPY_M, CPY_D)
+  Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK);    // (CPY, CPY_N, CPY_D), stage 0
+  Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);  // (CPY, CPY_D, CPY_N), stage 0
+
+  Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
+  constexpr int kRows = decltype(size<0>(tScS))::value;
+  int query[kRows];  // each of this thread's rows' query index
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) query[r] = query_of(get<0>(tScS(r, 0)));
+  const ScoreMods mods(params, kExtended);
+  // ALiBi only unpacked (split_pack): packed row r is query row0 + r of head0.
+  const Alibi alibi = mods.alibi(params, params.seqlen_q, kv.len_k, bidb, head0);
+  OnlineSoftmax<kRows> softmax(mods.scale(params));
+
+  // Blocks the window's edges or the sequence's end cut: S to -inf where the row's query does not see the key.
+  auto mask = [&](auto& S, int col0) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int begin = kExtended ? window.key_begin(query[r]) - col0 : 0, end = window.key_end(query[r]) - col0;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(S); ++c) {
+        const int col = get<1>(tScS(r, c));
+        if (col >= end || (kExtended && col < begin)) S(r, c) = -INFINITY;
+      }
+    }
+  };
+
+  // The pipeline: blocks begin .. begin + kStages - 2 in flight before the first step; one commit group per block
+  // (empty past the split's end), so that waiting for all but the newest kStages - 2 groups means block n landed.
+  CUTE_UNROLL
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (mine.begin + s < mine.end) load_kv(mine.begin + s);
+    cp_async_fence();
+  }
+  for (int n_block = mine.begin; n_block < mine.end; ++n_block) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // block n has landed for every thread, and every warp is done with block n - 1's stage
+    if (n_block + kStages - 1 < mine.end) load_kv(n_block + kStages - 1);  // into block n - 1's stage
+    cp_async_fence();
+    const int offset = (n_block % kStages) * int(Traits::kKVSize);
+    Tensor acc_s = partition_fragment_C(mma, TileS{});  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, at_offset(tSsK, offset), smem_copy_k);
+    Tensor S = rowcol_view(acc_s);
+    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, row0, n_block * kBlockN);
+    if (n_block >= blocks.n_masked_min || (kExtended && n_block < blocks.n_unmasked_min)) mask(S, n_block * kBlockN);
+    Tensor O = rowcol_view(acc_o);
+    softmax.update(S, O);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    gemm_rs(mma, acc_o, tOrP, tOrVt, at_offset(tOsVt, offset), smem_copy_v);
+  }
+  cp_async_wait<0>();  // no copy may land in shared memory after the block exits
+
+  // Epilogue. A split with no block (past the range's end, or a row that sees no key) writes O = 0, LSE = -inf.
+  float row_lse[kRows];
+  {
+    Tensor O = rowcol_view(acc_o);
+    softmax.finalize(O, row_lse);
+  }
+  const bool quad_leader = get<1>(tScS(0, 0)) == 0;  // the quad's first thread owns column 0 of its rows
+  if (splits > 1) {
+    // fp32 partials straight from the accumulators: a quad writes 32 contiguous bytes of a row.
+    float* accum_o = params.split_accum;
+    float* accum_lse = params.split_accum + split_lse_offset(params, splits);
+    Tensor O = rowcol_view(acc_o);
+    Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int tile_row = get<0>(tOcO(r, 0));
+      if (row0 + tile_row >= rows) continue;
+      const int64_t row = split_row(params, split, bidb, head_of(tile_row), query_of(tile_row));
+      if (quad_leader) accum_lse[row] = row_lse[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(O); ++c) {
+        const int col = get<1>(tOcO(r, c));
+        if (col < params.head_dim) accum_o[row * params.head_dim + col] = O(r, c);
+      }
+    }
+    return;
+  }
+  Tensor rO = convert_fragment<Element>(acc_o);
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  __syncthreads();  // every warp is done reading Q (a warp reads only its own rows; kept for clarity of reuse)
+  cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+  if (quad_leader) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int tile_row = get<0>(tScS(r, 0));
+      if (row0 + tile_row < rows) {
+        params.lse[bidb * params.lse_batch_stride + int64_t(head_of(tile_row)) * params.lse_head_stride +
+                   query_of(tile_row)] = row_lse[r];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kBlockM * kChunks; idx += kNThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    if (row0 + r < rows && c * 8 < params.head_dim) {
+      *reinterpret_cast<uint4*>(static_cast<Element*>(params.out) + bidb * params.o_batch_stride +
+                                int64_t(query_of(r)) * params.o_row_stride +
+                                int64_t(head_of(r)) * params.o_head_stride + c * 8) =
+          *reinterpret_cast<const uint4*>(&sO(r, c * 8));
+    }
+  }
+}
+
+}  // namespace flash_attn2

@@ -1,0 +1,35 @@
+// Launcher for one (head dim, dtype) split-KV forward (sm80/fwd_split_kernel.h): the grid of common/split_kv.h,
+// the plain or the extended kernel (common/kernel_kind.h), then the combine where the keys were split. Each
+// csrc/instantiations/fwd_split_*.cu instantiates one.
+#pragma once
+
+#include <climits>
+
+#include "common/launch.h"
+#include "common/launchers.h"
+#include "common/split_kv.h"
+#include "sm80/fwd_split_kernel.h"
+#include "sm80/tile_size.h"
+
+namespace flash_attn2 {
+
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
+  using Traits = FwdSplitTraits<kHeadDim, ElementOf<kDType>, FwdSplitTileFor<kHeadDim>>;
+  static_assert(Traits::kBlockM == kFwdSplitBlockM);
+  auto kernel = is_extended(plan.kind) ? &fwd_split_kernel<Traits, true> : &fwd_split_kernel<Traits, false>;
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
+  const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
+  if (int64_t(grid.m_blocks) * grid.groups == 0) return cudaSuccess;
+  if (grid.groups > 65535 || grid.splits > 65535) return cudaErrorInvalidValue;
+  kernel<<<dim3(grid.m_blocks, grid.splits, grid.groups), Traits::kNThreads, kSmemBytes, stream>>>(params);
+  if (cudaError_t err = cudaGetLastError()) return err;
+  return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
+}
+
+}  // namespace flash_attn2
+
+#define FLASH_ATTN2_INSTANTIATE_FWD_SPLIT(HEAD_DIM, DTYPE)                                                  \
+  template cudaError_t flash_attn2::launch_fwd_split<HEAD_DIM, flash_attn2::DType::DTYPE>(               \
+      const flash_attn2::FwdParams&, const flash_attn2::LaunchPlan&, cudaStream_t);

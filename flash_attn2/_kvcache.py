@@ -1,0 +1,178 @@
+"""flash-attn 2.x's `flash_attn_with_kvcache` on flash_attn2's split-KV forward, and its op's fake.
+
+The op `flash_attn2::fwd_kvcache` (csrc/flash_api.cpp) writes the new k / v into the caches (its schema marks
+k_cache and v_cache mutated), rotates them and q where rotary tables are given, then runs the split-KV forward
+(csrc/kernels/sm80/fwd_split_kernel.h). The checks below run in the wrapper and in the fake, so torch.compile
+sees the same errors as an eager call.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from . import _ops
+from ._checks import DTYPES, MAX_HEAD_DIM, check_alibi_slopes
+# Imported at the end of flash_attn_interface, after these are defined there.
+from .flash_attn_interface import _check_unsupported, _softcap, _softmax_scale, _window
+
+MAX_SPLITS = 128  # flash_attn2.h: kMaxKvSplits
+
+
+def _tensor(t, name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _int_rows(t, name, batch, q):
+    """An optional (batch,) int32 tensor on q's device."""
+    if t is None:
+        return
+    _tensor(t, name)
+    if t.dtype != torch.int32:
+        raise TypeError(f"flash_attn2: {name} must be int32, got {t.dtype}")
+    if tuple(t.shape) != (batch,):
+        raise ValueError(f"flash_attn2: {name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
+    if t.device != q.device:
+        raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+
+
+def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  alibi_slopes, num_splits):
+    """Every tensor argument of flash_attn_with_kvcache (metadata only: no value is read)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _tensor(t, name)
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
+        if t is None:
+            continue
+        _tensor(t, name)
+        if t.dtype not in DTYPES:
+            raise TypeError(f"flash_attn2: {name} must be float16 or bfloat16, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"flash_attn2: {name} must have q's dtype {q.dtype}, got {t.dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"flash_attn2: {name} must be 4-D (batch, seqlen, nheads, headdim), got shape "
+                             f"{tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), got strides "
+                             f"{tuple(t.stride())}")
+        if t.device != q.device:
+            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+    batch, seqlen_q, heads, head_dim = q.shape
+    if batch == 0:
+        raise ValueError("flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)")
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"flash_attn2: k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    batch_cache, seqlen_cache, heads_k, head_dim_k = k_cache.shape
+    if head_dim_k != head_dim:
+        raise ValueError(f"flash_attn2: k_cache's head dim must equal q's ({head_dim}), got {head_dim_k}")
+    if heads_k == 0 or heads % heads_k != 0:
+        raise ValueError(f"flash_attn2: q's nheads ({heads}) must be a positive multiple of k_cache's nheads "
+                         f"({heads_k})")
+    if cache_batch_idx is None and batch_cache != batch:
+        raise ValueError(f"flash_attn2: k_cache's batch size ({batch_cache}) must equal q's ({batch}) without "
+                         f"cache_batch_idx")
+    if batch_cache == 0:
+        raise ValueError("flash_attn2: k_cache must have at least one batch entry")
+    if (k is None) != (v is None):
+        raise ValueError("flash_attn2: pass both k and v (new keys and values), or neither")
+    if k is not None:
+        if k.shape != v.shape:
+            raise ValueError(f"flash_attn2: k and v must have the same shape, got {tuple(k.shape)} and "
+                             f"{tuple(v.shape)}")
+        if k.shape[0] != batch or k.shape[2] != heads_k or k.shape[3] != head_dim:
+            raise ValueError(f"flash_attn2: k must be (batch, seqlen_new, nheads_k, headdim) = ({batch}, seqlen_new, "
+                             f"{heads_k}, {head_dim}), got {tuple(k.shape)}")
+        if k.shape[1] > seqlen_cache:
+            raise ValueError(f"flash_attn2: k's seqlen_new ({k.shape[1]}) must fit the cache (seqlen_cache "
+                             f"{seqlen_cache})")
+        if cache_seqlens is None:
+            raise ValueError("flash_attn2: k and v need cache_seqlens (where each sequence's new rows go)")
+    _int_rows(cache_seqlens, "cache_seqlens", batch, q)
+    _int_rows(cache_batch_idx, "cache_batch_idx", batch, q)
+    _int_rows(cache_leftpad, "cache_leftpad", batch, q)
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("flash_attn2: pass both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError("flash_attn2: rotary_cos / rotary_sin need k and v (the rotary embedding is applied to "
+                             "the new keys and to q)")
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            _tensor(t, name)
+            if t.dtype != q.dtype:
+                raise TypeError(f"flash_attn2: {name} must have q's dtype {q.dtype}, got {t.dtype}")
+            if t.dim() != 2 or t.stride(-1) != 1:
+                raise ValueError(f"flash_attn2: {name} must be 2-D (seqlen_ro, rotary_dim / 2) with a contiguous "
+                                 f"last dimension, got shape {tuple(t.shape)}")
+            if t.device != q.device:
+                raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+        if rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(f"flash_attn2: rotary_cos and rotary_sin must have the same shape, got "
+                             f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
+        rotary_dim = 2 * rotary_cos.shape[1]
+        if rotary_dim == 0 or rotary_dim > head_dim or rotary_dim % 16 != 0:
+            raise ValueError(f"flash_attn2: rotary_dim (2 * rotary_cos.shape[1] = {rotary_dim}) must be a positive "
+                             f"multiple of 16 and at most the head dim ({head_dim})")
+        if rotary_cos.shape[0] < seqlen_cache:
+            raise ValueError(f"flash_attn2: rotary_cos / rotary_sin must have at least seqlen_cache ({seqlen_cache}) "
+                             f"rows, got {rotary_cos.shape[0]}")
+    check_alibi_slopes(alibi_slopes, q, None)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"flash_attn2: num_splits must be an int in 0..{MAX_SPLITS} (0: heuristic), got "
+                         f"{num_splits!r}")
+
+
+@torch.library.register_fake("flash_attn2::fwd_kvcache")
+def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                      cache_leftpad, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
+                      alibi_slopes, num_splits):
+    check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  alibi_slopes, num_splits)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                            cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+    """flash-attn 2.x's decode / chunked-prefill call against a KV cache; forward only.
+
+    q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), any
+    strides but a contiguous last dim. k, v (batch, seqlen_new, nheads_k, headdim), optional: written in place into
+    the caches at rows cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (rows that would fall past the cache
+    are not written), then attended in the same call. cache_seqlens: an int or a (batch,) int32 tensor, the rows
+    in use before this call (None: the whole cache). cache_batch_idx (batch,) int32: row b of q uses cache entry
+    cache_batch_idx[b]. cache_leftpad (batch,) int32: each sequence's first valid cache row. Sequence b attends
+    keys [cache_leftpad[b], cache_seqlens[b] + seqlen_new); causal and window_size are aligned to its bottom-right
+    corner, as in flash_attn_func. rotary_cos / rotary_sin (seqlen_ro >= seqlen_cache, rotary_dim / 2): the new
+    keys are rotated at their cache rows, q at cache_seqlens (+ its row index when causal or windowed);
+    rotary_interleaved pairs dims (0, 1), (2, 3)..., else (i, i + rotary_dim / 2) (GPT-NeoX).
+    num_splits: 0 chooses from the shapes and the GPU, 1 does not split the keys, n > 1 splits them in n
+    (at most 128). Device values (cache_seqlens, cache_batch_idx, cache_leftpad) are clamped to the cache, never
+    checked with a sync: an entry past the cache reads as the cache's end. A row that sees no key gets out 0 and
+    softmax_lse -inf (flash-attn's split path gives +inf).
+
+    Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q) fp32) with
+    return_softmax_lse.
+    """
+    _check_unsupported(block_table)
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        _tensor(q, "q")
+        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+    check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  alibi_slopes, num_splits)
+    softcap = _softcap(softcap)
+    scale = _softmax_scale(softmax_scale, q.shape[-1])
+    seqlen_k = k_cache.shape[1]
+    causal, left, right = _window(bool(causal), window_size, q.shape[1], seqlen_k)
+    if not q.is_cuda:
+        raise ValueError(f"flash_attn2: q, k_cache, v_cache must be CUDA tensors, got device {q.device}")
+    out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                                cache_leftpad, scale, causal, left, right, softcap, bool(rotary_interleaved),
+                                alibi_slopes, operator.index(num_splits))
+    return (out, lse) if return_softmax_lse else out

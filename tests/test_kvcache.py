@@ -1,0 +1,349 @@
+"""flash_attn_with_kvcache and the split-KV forward against a float32 reference (GPU), and its argument checks.
+
+The grid samples flash-attn's test_flash_attn_kvcache (tests/test_flash_attn.py there): mha / mqa / gqa, new_kv,
+alibi, local, causal, seqlen_new_eq_seqlen_q, rotary_interleaved, rotary_fraction 0 / 0.5 / 1, has_leftpad,
+has_batch_idx, num_splits, its (seqlen_q, seqlen_k) pairs and head dims (odd ones included); then the split
+path through flash_attn_func (forward and backward), empty splits, NaN in unused cache rows, hostile device
+values, CUDA-graph replay with changing lengths, torch.compile, and a cache past 2**31 elements.
+"""
+
+import itertools
+import math
+import random
+
+import pytest
+import torch
+
+import flash_attn2
+from flash_attn2 import flash_attn_func, flash_attn_with_kvcache
+from flash_attn2.testing import attention_ref, kvcache_ref, max_error, within_tolerance
+
+HEAD_DIMS = [32, 64, 96, 128, 160, 192, 224, 256]
+LSE_ATOL = 1e-3
+gpu = pytest.mark.gpu
+
+
+def require_kernel(head_dim, dtype):
+    bucket = next(b for b in HEAD_DIMS if b >= head_dim)
+    if bucket not in flash_attn2.compiled_head_dims(dtype):
+        pytest.skip(f"head dim {bucket} {dtype} not compiled (FLASH_ATTN2_HEAD_DIMS / FLASH_ATTN2_DTYPES)")
+
+
+def randn(*shape, dtype):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+# flash-attn's (seqlen_q, seqlen_k) pairs; (1, 128k) and (16, 128k) sampled less (the reference is slow).
+SEQLENS = [(1, 128), (1, 339), (3, 1024), (64, 800), (64, 256), (3, 799), (64, 2048), (16, 20000), (128, 128),
+           (1, 131072)]
+MHA = {"mha": 1, "gqa": 2, "mqa": 6}  # heads 6 over 6 / 3 / 1 kv heads, as flash-attn's test
+
+
+def _cases(count, seed=0):
+    rng = random.Random(seed)
+    head_dims = [32, 59, 64, 80, 128, 256, 96, 160, 192, 224]
+    cases = []
+    for i in range(count):
+        sq, sk = SEQLENS[i % len(SEQLENS)]
+        cases.append(dict(
+            d=head_dims[i % len(head_dims)], dtype=[torch.float16, torch.bfloat16][i // len(head_dims) % 2],
+            seqlen_q=sq, seqlen_k=sk, mha=rng.choice(list(MHA)), new_kv=rng.random() < 0.6, causal=rng.random() < 0.5,
+            local=rng.random() < 0.25, alibi=rng.random() < 0.2, softcap=rng.choice([0.0, 0.0, 0.0, 30.0]),
+            rotary_fraction=rng.choice([0.0, 0.5, 1.0]), interleaved=rng.random() < 0.5,
+            seqlen_new_eq_seqlen_q=rng.random() < 0.5, leftpad=rng.random() < 0.3, batch_idx=rng.random() < 0.3,
+            num_splits=rng.choice([1, 0, 0, 3])))
+    return cases
+
+
+CASES = _cases(160)
+
+
+def _case_id(c):
+    return (f"d{c['d']}-{str(c['dtype'])[6:]}-{c['seqlen_q']}x{c['seqlen_k']}-{c['mha']}"
+            f"{'-new' if c['new_kv'] else ''}{'-causal' if c['causal'] else ''}{'-local' if c['local'] else ''}"
+            f"{'-alibi' if c['alibi'] else ''}{'-softcap' if c['softcap'] else ''}-rot{c['rotary_fraction']}"
+            f"{'i' if c['interleaved'] else ''}{'-leftpad' if c['leftpad'] else ''}{'-bidx' if c['batch_idx'] else ''}"
+            f"-splits{c['num_splits']}")
+
+
+def _run_case(c, batch=2, heads=6):
+    d, dtype, seqlen_q, seqlen_k = c["d"], c["dtype"], c["seqlen_q"], c["seqlen_k"]
+    require_kernel(d, dtype)
+    if seqlen_q > seqlen_k and c["new_kv"]:
+        pytest.skip("seqlen_q > seqlen_k with new_kv (flash-attn's skip)")
+    if not c["new_kv"] and c["rotary_fraction"] > 0:
+        pytest.skip("rotary needs new_kv (flash-attn's skip)")
+    heads_k = heads // MHA[c["mha"]]
+    rotary_dim = math.floor(int(c["rotary_fraction"] * d) / 16) * 16
+    batch_cache = batch * 2 if c["batch_idx"] else batch
+    q = randn(batch, seqlen_q, heads, d, dtype=dtype)
+    seqlen_new = seqlen_q if c["seqlen_new_eq_seqlen_q"] else int(torch.randint(1, seqlen_q + 1, (1,)))
+    k = randn(batch, seqlen_new, heads_k, d, dtype=dtype) if c["new_kv"] else None
+    v = randn(batch, seqlen_new, heads_k, d, dtype=dtype) if c["new_kv"] else None
+    k_cache = randn(batch_cache, seqlen_k, heads_k, d, dtype=dtype)
+    v_cache = randn(batch_cache, seqlen_k, heads_k, d, dtype=dtype)
+    window = (-1, -1)
+    if c["local"]:
+        window = tuple(int(w) for w in torch.randint(0, seqlen_k, (2,)))
+    hi = (seqlen_k - (seqlen_q if (c["causal"] or c["local"]) and rotary_dim > 1 else seqlen_new) + 1
+          if c["new_kv"] else seqlen_k + 1)
+    cache_seqlens = torch.randint(0 if c["new_kv"] else 1, hi, (batch,), dtype=torch.int32, device="cuda")
+    leftpad = None
+    if c["leftpad"]:
+        leftpad = torch.stack([torch.randint(0, int(n), (), device="cuda") if int(n) > 0 else
+                               torch.zeros((), dtype=torch.long, device="cuda") for n in cache_seqlens]).to(torch.int32)
+    batch_idx = (torch.randperm(batch_cache, dtype=torch.int32, device="cuda")[:batch] if c["batch_idx"] else None)
+    alibi = torch.rand(batch, heads, device="cuda") * 0.3 if c["alibi"] else None
+    cos = sin = None
+    if rotary_dim > 0:
+        angle = torch.rand(seqlen_k, rotary_dim // 2, device="cuda") * 2 * math.pi
+        cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
+    kw = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx,
+              cache_leftpad=leftpad, causal=c["causal"], alibi_slopes=alibi)
+    ref = kvcache_ref(q, k_cache, v_cache, k, v, window=window, softcap=c["softcap"],
+                      rotary_interleaved=c["interleaved"], **kw)
+    ref_lowp = kvcache_ref(q, k_cache, v_cache, k, v, window=window, softcap=c["softcap"],
+                           rotary_interleaved=c["interleaved"], upcast=False, **kw)
+    k_cache_ours, v_cache_ours = k_cache.clone(), v_cache.clone()
+    out, lse = flash_attn_with_kvcache(q, k_cache_ours, v_cache_ours, k, v, window_size=window, softcap=c["softcap"],
+                                       rotary_interleaved=c["interleaved"], num_splits=c["num_splits"],
+                                       return_softmax_lse=True, **kw)
+    ok, err, err_pt = within_tolerance(out, ref[0], ref_lowp[0])
+    # ALiBi's biases grow with the distance: flash-attn allows 5x there, our rule 2x of PyTorch's own error.
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    assert max_error(lse, ref[1]) <= LSE_ATOL, max_error(lse, ref[1])
+    # The caches: v copied bitwise; k rotated in fp32 as the reference does (one rounding of the result).
+    assert torch.equal(v_cache_ours, ref[3])
+    tol = 1e-2 if dtype == torch.bfloat16 else 2e-3
+    assert torch.allclose(k_cache_ours.float(), ref[2].float(), atol=tol, rtol=tol), max_error(k_cache_ours, ref[2])
+
+
+@gpu
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_flash_attn_kvcache(case):
+    _run_case(case)
+
+
+@gpu
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_splits", [1, 0, 5])
+def test_kvcache_every_head_dim(head_dim, dtype, num_splits):
+    """Every compiled head dim and dtype, GQA 8:1 decode with appended rows, rotary and a causal mask."""
+    _run_case(dict(d=head_dim, dtype=dtype, seqlen_q=1, seqlen_k=1000, mha="mqa", new_kv=True, causal=True,
+                   local=False, alibi=False, softcap=0.0, rotary_fraction=0.5, interleaved=False,
+                   seqlen_new_eq_seqlen_q=True, leftpad=False, batch_idx=False, num_splits=num_splits), batch=3)
+
+
+# ---- The split path through flash_attn_func (flash-attn's test_flash_attn_splitkv): forward and backward ----
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+@pytest.mark.parametrize("seqlen_q,seqlen_k,heads,heads_k", [(1, 239, 8, 8), (1, 4096, 32, 8), (3, 799, 6, 3),
+                                                              (16, 20000, 16, 2), (1, 1, 4, 1), (8, 113, 8, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attn_splitkv(dtype, head_dim, seqlen_q, seqlen_k, heads, heads_k, causal):
+    require_kernel(head_dim, dtype)
+    batch = 2
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype).requires_grad_()
+    k = randn(batch, seqlen_k, heads_k, head_dim, dtype=dtype).requires_grad_()
+    v = randn(batch, seqlen_k, heads_k, head_dim, dtype=dtype).requires_grad_()
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    ref, ref_lse = attention_ref(q.detach(), k.detach(), v.detach(), causal)
+    ref_lowp, _ = attention_ref(q.detach(), k.detach(), v.detach(), causal, upcast=False)
+    ok, err, err_pt = within_tolerance(out, ref, ref_lowp)
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    assert max_error(lse, ref_lse) <= LSE_ATOL
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref_grads = torch.autograd.grad(attention_ref(*leaves, causal)[0], leaves, dout.float())
+    lowp = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    lowp_grads = torch.autograd.grad(attention_ref(*lowp, causal, upcast=False)[0], lowp, dout)
+    for name, g, r, p in zip("qkv", grads, ref_grads, lowp_grads):
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
+        assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+def test_splits_forced_and_empty(dtype):
+    """128 splits over a short cache leave most splits empty; rows with no key (cache_seqlens 0) get 0 and -inf."""
+    require_kernel(128, dtype)
+    q = randn(3, 1, 16, 128, dtype=dtype)
+    k_cache, v_cache = randn(3, 300, 2, 128, dtype=dtype), randn(3, 300, 2, 128, dtype=dtype)
+    seqlens = torch.tensor([0, 5, 300], dtype=torch.int32, device="cuda")
+    for splits in (1, 2, 7, 128):
+        out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=splits,
+                                           return_softmax_lse=True)
+        ref, ref_lse, _, _ = kvcache_ref(q, k_cache, v_cache, cache_seqlens=seqlens)
+        assert torch.equal(out[0], torch.zeros_like(out[0])) and bool((lse[0] == -math.inf).all())
+        assert max_error(out, ref) <= 2e-2 and max_error(lse, ref_lse) <= LSE_ATOL, splits
+
+
+@gpu
+@pytest.mark.parametrize("num_splits", [1, 0, 4])
+def test_nan_in_unused_cache_rows(num_splits):
+    """NaN / Inf in rows past a sequence's length and before its left pad never reach the output."""
+    require_kernel(128, torch.float16)
+    q = randn(2, 2, 8, 128, dtype=torch.float16)
+    k_cache, v_cache = randn(2, 700, 2, 128, dtype=torch.float16), randn(2, 700, 2, 128, dtype=torch.float16)
+    seqlens = torch.tensor([100, 333], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([7, 0], dtype=torch.int32, device="cuda")
+    clean = kvcache_ref(q, k_cache, v_cache, cache_seqlens=seqlens, cache_leftpad=leftpad, causal=True)
+    for b, (n, lp) in enumerate(zip((100, 333), (7, 0))):
+        k_cache[b, n:], v_cache[b, n:] = math.nan, math.inf
+        k_cache[b, :lp], v_cache[b, :lp] = math.nan, math.nan
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_leftpad=leftpad, causal=True,
+                                  num_splits=num_splits)
+    assert torch.isfinite(out).all()
+    assert max_error(out, clean[0]) <= 1e-2
+
+
+@gpu
+def test_hostile_device_values():
+    """Out-of-range cache_seqlens, cache_batch_idx and cache_leftpad are clamped (flash_attn_with_kvcache's
+    docstring), never read or written outside the caches (compute-sanitizer runs this in sanitize_fwd.py)."""
+    require_kernel(64, torch.bfloat16)
+    dtype = torch.bfloat16
+    q = randn(4, 1, 4, 64, dtype=dtype)
+    k, v = randn(4, 1, 2, 64, dtype=dtype), randn(4, 1, 2, 64, dtype=dtype)
+    k_cache, v_cache = randn(3, 50, 2, 64, dtype=dtype), randn(3, 50, 2, 64, dtype=dtype)
+    seqlens = torch.tensor([-5, 49, 50, 2**31 - 1], dtype=torch.int32, device="cuda")
+    batch_idx = torch.tensor([-1, 0, 2, 99], dtype=torch.int32, device="cuda")
+    leftpad = torch.tensor([3, -2, 60, 2**30], dtype=torch.int32, device="cuda")
+    kc, vc = k_cache.clone(), v_cache.clone()
+    out, lse = flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, cache_batch_idx=batch_idx,
+                                       cache_leftpad=leftpad, return_softmax_lse=True)
+    torch.cuda.synchronize()
+    # q entries 0 and 1 share cache entry 0 (idx -1 -> 0) but write different rows (0 and 49), and entries 2 and
+    # 3 write nothing (their rows fall past the cache): the reference's batch-order writes are the kernel's.
+    ref = kvcache_ref(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=batch_idx,
+                      cache_leftpad=leftpad)
+    assert torch.isfinite(out).all()
+    assert max_error(out, ref[0]) <= 2e-2 and max_error(lse, ref[1]) <= LSE_ATOL
+    assert torch.equal(kc, ref[2]) and torch.equal(vc, ref[3])
+    assert torch.equal(out[2:], torch.zeros_like(out[2:])) and bool((lse[2:] == -math.inf).all())  # no key left
+
+
+@gpu
+def test_cuda_graph_replay_with_changing_lengths():
+    require_kernel(128, torch.bfloat16)
+    dtype = torch.bfloat16
+    batch, heads, heads_k, d, cap = 4, 32, 8, 128, 4096
+    q = randn(batch, 1, heads, d, dtype=dtype)
+    k, v = randn(batch, 1, heads_k, d, dtype=dtype), randn(batch, 1, heads_k, d, dtype=dtype)
+    k_cache, v_cache = randn(batch, cap, heads_k, d, dtype=dtype), randn(batch, cap, heads_k, d, dtype=dtype)
+    seqlens = torch.tensor([10, 1000, 2000, 4000], dtype=torch.int32, device="cuda")
+    static = dict(cache_seqlens=seqlens, causal=True, num_splits=0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **static)  # warm-up (allocations)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, **static)
+    for lens in ([1, 2, 3, 4], [4095, 17, 0, 2048], [100, 200, 300, 400]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        before_k, before_v = k_cache.clone(), v_cache.clone()
+        graph.replay()
+        ref = kvcache_ref(q, before_k, before_v, k, v, cache_seqlens=seqlens, causal=True)
+        assert max_error(out, ref[0]) <= 2e-2, lens
+        assert torch.equal(v_cache, ref[3])
+
+
+@gpu
+def test_compile_fullgraph():
+    require_kernel(64, torch.float16)
+    dtype = torch.float16
+    q = randn(2, 1, 8, 64, dtype=dtype)
+    k, v = randn(2, 1, 2, 64, dtype=dtype), randn(2, 1, 2, 64, dtype=dtype)
+    k_cache, v_cache = randn(2, 256, 2, 64, dtype=dtype), randn(2, 256, 2, 64, dtype=dtype)
+    seqlens = torch.tensor([3, 200], dtype=torch.int32, device="cuda")
+
+    def step(q, k, v, kc, vc, seqlens):
+        return flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, causal=True) * 2
+
+    kc_ref, vc_ref = k_cache.clone(), v_cache.clone()
+    expected = step(q, k, v, kc_ref, vc_ref, seqlens)
+    compiled = torch.compile(step, fullgraph=True)
+    got = compiled(q, k, v, k_cache, v_cache, seqlens)
+    assert torch.equal(got, expected)
+    assert torch.equal(k_cache, kc_ref) and torch.equal(v_cache, vc_ref)  # the mutation survived compilation
+
+
+@gpu
+def test_cache_past_2_31_elements():
+    """64-bit offsets: cache entry 2 starts at element 2**31 (flash-attn #772)."""
+    require_kernel(128, torch.bfloat16)
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("needs 13 GB of GPU memory")
+    dtype = torch.bfloat16
+    k_cache = torch.zeros(3, 2**20, 8, 128, device="cuda", dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    k_cache[2, :300].normal_(), v_cache[2, :300].normal_()
+    q = randn(1, 1, 16, 128, dtype=dtype)
+    seqlens = torch.tensor([300], dtype=torch.int32, device="cuda")
+    idx = torch.tensor([2], dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, cache_batch_idx=idx)
+    ref = attention_ref(q, k_cache[2:3, :300], v_cache[2:3, :300])[0]
+    assert max_error(out, ref) <= 2e-2
+
+
+# ---- Argument checks (CPU: they run before any GPU work) ----
+
+def _args(**over):
+    a = dict(q=torch.zeros(2, 1, 4, 64, dtype=torch.float16), k_cache=torch.zeros(2, 16, 2, 64, dtype=torch.float16),
+             v_cache=torch.zeros(2, 16, 2, 64, dtype=torch.float16))
+    a.update(over)
+    return a
+
+
+@pytest.mark.parametrize("over,error,match", [
+    (dict(q=torch.zeros(2, 1, 4, 64)), TypeError, "q must be float16 or bfloat16"),
+    (dict(k_cache=torch.zeros(2, 16, 2, 64, dtype=torch.bfloat16)), TypeError, "k_cache must have q's dtype"),
+    (dict(k_cache=torch.zeros(2, 16, 3, 64, dtype=torch.float16)), ValueError, "k_cache and v_cache must have the same shape"),
+    (dict(k_cache=torch.zeros(3, 16, 2, 64, dtype=torch.float16), v_cache=torch.zeros(3, 16, 2, 64, dtype=torch.float16)),
+     ValueError, "k_cache's batch size"),
+    (dict(k=torch.zeros(2, 1, 2, 64, dtype=torch.float16)), ValueError, "pass both k and v"),
+    (dict(k=torch.zeros(2, 1, 2, 64, dtype=torch.float16), v=torch.zeros(2, 1, 2, 64, dtype=torch.float16)),
+     ValueError, "need cache_seqlens"),
+    (dict(k=torch.zeros(2, 17, 2, 64, dtype=torch.float16), v=torch.zeros(2, 17, 2, 64, dtype=torch.float16),
+          cache_seqlens=0), ValueError, "must fit the cache"),
+    (dict(cache_seqlens=torch.zeros(2, dtype=torch.int64)), TypeError, "cache_seqlens must be int32"),
+    (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), ValueError, r"cache_seqlens must have shape \(batch,\)"),
+    (dict(cache_leftpad=torch.zeros(2, 1, dtype=torch.int32)), ValueError, "cache_leftpad must have shape"),
+    (dict(rotary_cos=torch.zeros(16, 16, dtype=torch.float16), rotary_sin=torch.zeros(16, 16, dtype=torch.float16)),
+     ValueError, "rotary_cos / rotary_sin need k and v"),
+    (dict(k=torch.zeros(2, 1, 2, 64, dtype=torch.float16), v=torch.zeros(2, 1, 2, 64, dtype=torch.float16),
+          cache_seqlens=1, rotary_cos=torch.zeros(8, 16, dtype=torch.float16),
+          rotary_sin=torch.zeros(8, 16, dtype=torch.float16)), ValueError, "at least seqlen_cache"),
+    (dict(k=torch.zeros(2, 1, 2, 64, dtype=torch.float16), v=torch.zeros(2, 1, 2, 64, dtype=torch.float16),
+          cache_seqlens=1, rotary_cos=torch.zeros(16, 4, dtype=torch.float16),
+          rotary_sin=torch.zeros(16, 4, dtype=torch.float16)), ValueError, "multiple of 16"),
+    (dict(num_splits=129), ValueError, "num_splits must be an int in 0..128"),
+    (dict(num_splits=-1), ValueError, "num_splits"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError, "block_table"),
+    (dict(alibi_slopes=torch.zeros(3)), ValueError, "alibi_slopes must be"),
+    (dict(softcap=-1.0), ValueError, "softcap"),
+])
+def test_argument_errors(over, error, match):
+    with pytest.raises(error, match=match):
+        flash_attn_with_kvcache(**_args(**over))
+
+
+def test_cpu_tensors_refused():
+    with pytest.raises(ValueError, match="must be CUDA tensors"):
+        flash_attn_with_kvcache(**_args())
+
+
+def test_signature_matches_flash_attn():
+    import inspect
+    names = list(inspect.signature(flash_attn_with_kvcache).parameters)
+    assert names == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+                     "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
+                     "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
+    from flash_attn2.flash_attn_interface import flash_attn_with_kvcache as same
+    assert same is flash_attn_with_kvcache
