@@ -3,8 +3,9 @@
 # copies that together pass 256 MB, so L2 holds none of them; each implementation is timed eagerly (launch
 # included) and as CUDA-graph replay (the kernels alone), medians over rounds; % of copy: bytes of K + V read
 # over the time, against a device copy's read + write bandwidth measured in the same run.
-#   python benchmarks/dev/decode_time.py [h,h_k,d] [b,ctx ...]
+#   python benchmarks/dev/decode_time.py [h,h_k,d] [b,ctx ...]     IMPLS=ours,sdpa_cudnn: only those
 import math
+import os
 import statistics
 import sys
 
@@ -100,6 +101,8 @@ for batch, ctx in CELLS:
         except RuntimeError as e:
             print(f"# {name} b={batch} ctx={ctx}: {str(e).splitlines()[0][:100]}")
     for name, fn in impls.items():
+        if os.environ.get("IMPLS") and name not in os.environ["IMPLS"].split(","):
+            continue
         try:
             eager = timed(fn, copies, False)
             graph = timed(fn, copies, True)
