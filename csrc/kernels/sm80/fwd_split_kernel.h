@@ -242,4 +242,243 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
   }
 }
 
+// ---- The narrow tile: decode with at most 16 packed rows (GQA 8:1 or less at one query row, MHA) ----
+//
+// A 64-row tile would hold 1-8 real rows and make every warp read the whole K / V block from shared memory:
+// issue-bound at ~85 % of cuDNN (TUNING 128). Here the tile is 16 rows and the four warps split the keys
+// instead: warp w takes key chunks w, w + 4, w + 8, ... (16 keys each) of the split's range and is an FA2
+// decoder of its own: its own cp.async pipeline into its own buffers (no block barrier in the main loop), Q in
+// registers, its own softmax state. The four states merge once, through shared memory, at the end.
+template <int kHeadDim, typename Element, int kStages_>
+struct FwdSplitNarrowTraits : CommonTraits<kHeadDim, Element, 4> {
+  using Base = CommonTraits<kHeadDim, Element, 4>;
+  static constexpr int kBlockM = 16, kChunk = 16, kStages = kStages_;
+  static_assert(kStages >= 2);
+  // One warp's MMA: 16 rows x 16 columns per step (two n8 atoms, B operands by ldmatrix.x4).
+  using WarpMma = cute::TiledMMA<cute::MMA_Atom<typename Base::Mma>, cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>,
+                                 cute::Tile<cute::_16, cute::_16, cute::_16>>;
+  using SmemLayoutQ = typename Base::template SmemLayoutRows<kBlockM>;   // (16, D)
+  using SmemLayoutKV = typename Base::template SmemLayoutRows<kChunk>;  // (16, D): one warp's chunk
+  using SmemLayoutVt = typename Base::template Transposed<SmemLayoutKV>;  // (D, 16)
+  // 32 threads, 16 bytes each, over a (16, D) chunk.
+  using WarpGmemCopy = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{},
+      cute::Layout<cute::Shape<cute::Int<32 / Base::kGmemThreadsPerRow>, cute::Int<Base::kGmemThreadsPerRow>>,
+                   cute::Stride<cute::Int<Base::kGmemThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+  static constexpr int kQSize = cute::cosize(SmemLayoutQ{});
+  static constexpr int kChunkSize = cute::cosize(SmemLayoutKV{});
+  // Q, then per warp kStages K chunks and kStages V chunks. The merge's fp32 partials (4 x 16 x D) and row
+  // statistics reuse the K / V space once every warp is done.
+  static constexpr int kKVBytes = int(sizeof(Element)) * 4 * 2 * kStages * kChunkSize;
+  static constexpr int kMergeBytes = 4 * kBlockM * kHeadDim * 4 + 2 * 4 * kBlockM * 4;
+  static_assert(kMergeBytes <= kKVBytes, "the merge reuses the K / V buffers");
+  static constexpr int kSmemBytes = int(sizeof(Element)) * kQSize + kKVBytes;
+};
+
+// gemm_rs for one warp's MMA: the copy's thread is the lane.
+template <class Mma, class Acc, class RegA, class RegB, class SmemB, class CopyB>
+__device__ __forceinline__ void warp_gemm_rs(Mma const& mma, Acc& acc, RegA const& rA, RegB& rB, SmemB const& sB,
+                                             CopyB const& copy_b, int lane) {
+  using namespace cute;
+  Tensor rB_view = copy_b.get_thread_slice(lane).retile_D(rB);
+  cute::copy(copy_b, sB(_, _, 0), rB_view(_, _, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k + 1 < size<2>(rA)) cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+template <class Traits, bool kExtended>
+__global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_constant__ FwdParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kChunk = Traits::kChunk, kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages, kWarps = 4;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kChunk>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kChunk>>;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int pack = split_pack(params), groups = params.num_heads / pack;
+  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
+  const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
+  const int rows = params.seqlen_q * pack;  // <= kBlockM: one tile (dispatch.cpp), blockIdx.x == 0
+  const KvRows kv(params, bidb);
+  const Window window(params.seqlen_q, kv.len_k, params);
+  const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, 0, (rows - 1) / pack);
+  const SplitBlocks mine = split_blocks(blocks.n_min, blocks.n_max, split, splits);
+  auto query_of = [&](int r) { return r / pack; };
+  auto head_of = [&](int r) { return head0 + r % pack; };
+
+  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + kv.kv_bidb * params.k_batch_stride +
+                                      kv.start * params.k_row_stride + bidh_k * params.k_head_stride,
+                                  kv.len_k, params.k_row_stride);  // (len_k, D)
+  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + kv.kv_bidb * params.v_batch_stride +
+                                      kv.start * params.v_row_stride + bidh_k * params.v_head_stride,
+                                  kv.len_k, params.v_row_stride);  // (len_k, D)
+  Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));  // (16, D, n)
+  Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));  // (16, D, n)
+
+  extern __shared__ __align__(128) char smem[];
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (16, D)
+  // This warp's chunk buffers: K stages, then V stages.
+  Element* kv_base = sQ.data().get() + int(Traits::kQSize) + warp * 2 * kStages * int(Traits::kChunkSize);
+  Tensor sK = make_tensor(make_smem_ptr(kv_base), typename Traits::SmemLayoutKV{});  // (16, D), stage 0
+  Tensor sV = make_tensor(make_smem_ptr(kv_base + kStages * int(Traits::kChunkSize)), typename Traits::SmemLayoutKV{});  // (16, D)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (D, 16), stage 0
+
+  // Q: the packed rows gathered (rows of different heads), zeros past the rows and the head dim.
+  constexpr int kVecs = kHeadDim / 8;
+  for (int idx = tid; idx < kBlockM * kVecs; idx += 128) {
+    const int r = idx / kVecs, c = idx % kVecs;
+    uint4 value = {0, 0, 0, 0};
+    if (r < rows && c * 8 < params.head_dim) {
+      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) + bidb * params.q_batch_stride +
+                                              int64_t(query_of(r)) * params.q_row_stride +
+                                              int64_t(head_of(r)) * params.q_head_stride + c * 8);
+    }
+    *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
+  }
+
+  typename Traits::WarpGmemCopy gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(lane);
+  Tensor tKgK = gmem_thr.partition_S(gK);                                // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = gmem_thr.partition_D(sK);                                // (CPY, CPY_N, CPY_D)
+  Tensor tVgV = gmem_thr.partition_S(gV);                                // (CPY, CPY_N, CPY_D, n)
+  Tensor tVsV = gmem_thr.partition_D(sV);                                // (CPY, CPY_N, CPY_D)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
+  // This warp's i-th chunk of the split, into stage i % kStages; the sequence's last chunk may be cut (zeros).
+  auto chunk_of = [&](int i) { return mine.begin + warp + kWarps * i; };
+  auto load_chunk = [&](int i) {
+    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize), rows_left = kv.len_k - n * kChunk;
+    if (rows_left < kChunk) {
+      load_tile<true>(gmem_copy, tKgK(_, _, _, n), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
+      load_tile<true>(gmem_copy, tVgV(_, _, _, n), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
+    } else {
+      load_tile<false>(gmem_copy, tKgK(_, _, _, n), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
+      load_tile<false>(gmem_copy, tVgV(_, _, _, n), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
+    }
+  };
+  CUTE_UNROLL
+  for (int s = 0; s < kStages - 1; ++s) {  // one commit group per chunk, empty past the range's end
+    if (chunk_of(s) < mine.end) load_chunk(s);
+    cp_async_fence();
+  }
+
+  typename Traits::WarpMma mma;
+  auto thr_mma = mma.get_thread_slice(lane);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);  // (MMA, 1, D / 16)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);  // (MMA, 2, D / 16)
+  Tensor tOrVt = thr_mma.partition_fragment_B(
+      make_tensor(sV.data(), get_nonswizzle_portion(typename Traits::SmemLayoutVt{})));  // (MMA, D / 8, 1)
+  Tensor acc_o = partition_fragment_C(mma, TileQ{});  // (MMA, 1, D / 8)
+  clear(acc_o);
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma);
+  Tensor tSsK = smem_copy_k.get_thread_slice(lane).partition_S(sK);    // (CPY, CPY_N, CPY_D), stage 0
+  Tensor tOsVt = smem_copy_v.get_thread_slice(lane).partition_S(sVt);  // (CPY, CPY_D, CPY_N), stage 0
+  __syncthreads();  // Q is in shared memory
+  cute::copy(smem_copy_q, smem_copy_q.get_thread_slice(lane).partition_S(sQ),
+             smem_copy_q.get_thread_slice(lane).retile_D(tSrQ));  // Q stays in registers
+
+  Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // (rows, cols) -> tile coords
+  constexpr int kRows = decltype(size<0>(tScS))::value;
+  int query[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) query[r] = query_of(get<0>(tScS(r, 0)));
+  const ScoreMods mods(params, kExtended);
+  const Alibi alibi = mods.alibi(params, params.seqlen_q, kv.len_k, bidb, head0);  // unpacked with ALiBi
+  OnlineSoftmax<kRows> softmax(mods.scale(params));
+
+  for (int i = 0; chunk_of(i) < mine.end; ++i) {
+    cp_async_wait<kStages - 2>();
+    __syncwarp();  // chunk i has landed for every lane, and every lane is done with chunk i - 1's stage
+    if (chunk_of(i + kStages - 1) < mine.end) load_chunk(i + kStages - 1);
+    cp_async_fence();
+    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize);
+    Tensor acc_s = partition_fragment_C(mma, TileS{});  // (MMA, 1, 2)
+    clear(acc_s);
+    warp_gemm_rs(mma, acc_s, tSrQ, tSrK, at_offset(tSsK, offset), smem_copy_k, lane);
+    Tensor S = rowcol_view(acc_s);
+    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, 0, n * kChunk);
+    if (n >= blocks.n_masked_min || (kExtended && n < blocks.n_unmasked_min)) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int begin = kExtended ? window.key_begin(query[r]) - n * kChunk : 0;
+        const int end = window.key_end(query[r]) - n * kChunk;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(S); ++c) {
+          const int col = get<1>(tScS(r, c));
+          if (col >= end || (kExtended && col < begin)) S(r, c) = -INFINITY;
+        }
+      }
+    }
+    Tensor O = rowcol_view(acc_o);
+    softmax.update(S, O);
+    Tensor rP = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, 1, 1)
+    warp_gemm_rs(mma, acc_o, tOrP, tOrVt, at_offset(tOsVt, offset), smem_copy_v, lane);
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its K / V buffers: the merge reuses them
+
+  // Merge: warp w's unnormalized O_w, row max m_w (raw scores) and row sum l_w; with M the rows' max over
+  // warps and f_w = exp2((m_w - M) scale log2e): O = sum_w f_w O_w / sum_w f_w l_w, LSE = M scale + log(sum).
+  float* merge_o = reinterpret_cast<float*>(kv_base - warp * 2 * kStages * int(Traits::kChunkSize));  // (4, 16, D)
+  float* merge_m = merge_o + kWarps * kBlockM * kHeadDim;  // (4, 16)
+  float* merge_l = merge_m + kWarps * kBlockM;              // (4, 16)
+  {
+    Tensor O = rowcol_view(acc_o);
+    Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int row = get<0>(tOcO(r, 0));
+      const float sum = quad_allreduce(softmax.row_sum[r], [](float a, float b) { return a + b; });
+      if (get<1>(tOcO(r, 0)) == 0) {
+        merge_m[warp * kBlockM + row] = softmax.row_max[r];
+        merge_l[warp * kBlockM + row] = sum;
+      }
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(O); ++c) merge_o[(warp * kBlockM + row) * kHeadDim + get<1>(tOcO(r, c))] = O(r, c);
+    }
+  }
+  __syncthreads();
+  const bool to_accum = splits > 1;
+  float* accum_o = params.split_accum;
+  float* accum_lse = params.split_accum + (to_accum ? split_lse_offset(params, splits) : 0);
+  for (int idx = tid; idx < rows * kHeadDim; idx += 128) {
+    const int row = idx / kHeadDim, col = idx % kHeadDim;
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, merge_m[w * kBlockM + row]);
+    float sum = 0.f, o = 0.f;
+    if (m != -INFINITY) {
+      CUTE_UNROLL
+      for (int w = 0; w < kWarps; ++w) {
+        const float m_w = merge_m[w * kBlockM + row];
+        const float f = m_w == -INFINITY ? 0.f : fast_exp2((m_w - m) * softmax.scale_log2);
+        sum += f * merge_l[w * kBlockM + row];
+        o += f * merge_o[(w * kBlockM + row) * kHeadDim + col];
+      }
+    }
+    o = sum == 0.f ? 0.f : o / sum;
+    const float lse = sum == 0.f ? -INFINITY : m * softmax.scale + logf(sum);
+    if (col >= params.head_dim) continue;
+    if (to_accum) {
+      const int64_t out_row = split_row(params, split, bidb, head_of(row), query_of(row));
+      accum_o[out_row * params.head_dim + col] = o;
+      if (col == 0) accum_lse[out_row] = lse;
+    } else {
+      static_cast<Element*>(params.out)[bidb * params.o_batch_stride + int64_t(query_of(row)) * params.o_row_stride +
+                                        int64_t(head_of(row)) * params.o_head_stride + col] = Element(o);
+      if (col == 0) {
+        params.lse[bidb * params.lse_batch_stride + int64_t(head_of(row)) * params.lse_head_stride + query_of(row)] = lse;
+      }
+    }
+  }
+}
+
 }  // namespace flash_attn2

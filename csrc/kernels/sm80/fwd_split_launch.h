@@ -13,8 +13,28 @@
 
 namespace flash_attn2 {
 
+// The narrow tile's kernel (decode with at most 16 packed rows, head dim <= 128): one 16-row tile per (split,
+// batch entry, head group).
+template <int kHeadDim, DType kDType>
+cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
+  using Traits = FwdSplitNarrowTraits<kHeadDim, ElementOf<kDType>, fwd_split_narrow_stages(kHeadDim)>;
+  auto kernel = is_extended(plan.kind) ? &fwd_split_narrow_kernel<Traits, true> : &fwd_split_narrow_kernel<Traits, false>;
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
+  const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
+  if (grid.groups > 65535 || grid.splits > 65535 || grid.m_blocks != 1) return cudaErrorInvalidValue;
+  kernel<<<dim3(1, grid.splits, grid.groups), 128, kSmemBytes, stream>>>(params);
+  if (cudaError_t err = cudaGetLastError()) return err;
+  return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
+}
+
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
+  if constexpr (fwd_split_narrow_stages(kHeadDim) > 0) {
+    if (int64_t(params.seqlen_q) * split_pack(params) <= kFwdSplitNarrowRows) {
+      return launch_fwd_split_narrow<kHeadDim, kDType>(params, plan, stream);
+    }
+  }
   using Traits = FwdSplitTraits<kHeadDim, ElementOf<kDType>, FwdSplitTileFor<kHeadDim>>;
   static_assert(Traits::kBlockM == kFwdSplitBlockM);
   auto kernel = is_extended(plan.kind) ? &fwd_split_kernel<Traits, true> : &fwd_split_kernel<Traits, false>;

@@ -114,6 +114,13 @@ constexpr FwdSplitTileSize fwd_split_tile_sm80(int head_dim) {
 }
 constexpr int kFwdSplitBlockM = 64;  // every head dim's: dispatch.cpp sizes the grid with it
 
+// The narrow tile (decode with at most kFwdSplitNarrowRows packed rows: sm80/fwd_split_kernel.h): 16 rows, each
+// of the 4 warps streaming its own 16-key chunks through kStages buffers (4 KB per K or V chunk at d 128: 100 KB
+// and two blocks per SM with three stages). 0 stages: no narrow tile (head dims above 128, whose merge and
+// buffers would leave one block per SM, keep the 64-row tile).
+constexpr int kFwdSplitNarrowRows = 16;
+constexpr int fwd_split_narrow_stages(int head_dim) { return head_dim <= 64 ? 4 : head_dim <= 128 ? 3 : 0; }
+
 template <int kBlockM_, int kBlockN_, int kNWarps_, int kStages_>
 struct SplitTile {
   static constexpr int kBlockM = kBlockM_, kBlockN = kBlockN_, kNWarps = kNWarps_, kStages = kStages_;
