@@ -218,9 +218,7 @@ std::string fwd_params_problem(const FwdParams& p) {
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
   const bool varlen = p.cu_seqlens_q != nullptr;
   const bool kv_cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr;
-  if (varlen && (kv_cache || p.kv_splits > 1)) {
-    return "seqused_k, leftpad_k, kv_batch_idx and kv_splits > 1 need a fixed-length call (cu_seqlens unset)";
-  }
+  if (varlen && kv_cache) return "seqused_k, leftpad_k and kv_batch_idx need a fixed-length call (cu_seqlens unset)";
   if (p.dropout_p > 0.f && (kv_cache || p.kv_splits > 1)) return "dropout_p must be 0 with a KV cache or kv_splits > 1";
   if (p.kv_splits < 0 || p.kv_splits > kMaxKvSplits) return "kv_splits must be in 0..kMaxKvSplits (128)";
   if (p.seqused_k_add < 0) return "seqused_k_add must be >= 0";
@@ -241,8 +239,8 @@ std::string fwd_params_problem(const FwdParams& p) {
 // training kernels would fill a 128-row tile with one row per head and read each key once per query head.
 bool uses_split_kernel(const FwdParams& p) {
   if (p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.kv_splits > 1) return true;
-  if (p.cu_seqlens_q != nullptr || p.dropout_p > 0.f) return false;
-  return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;
+  if (p.dropout_p > 0.f) return false;
+  return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
 
 // The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket.

@@ -26,7 +26,8 @@ __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x)
 template <>
 __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
-// One warp per output row (batch entry, head, query row): LSE = log sum_s exp(LSE_s), out = sum_s exp(LSE_s - LSE)
+// One warp per output row (batch entry, head, query row < seqlen_q; varlen: < the sequence's length, the rows
+// past a too-small max_seqlen_q hint being written by the split kernel directly): LSE = log sum_s exp(LSE_s), out = sum_s exp(LSE_s - LSE)
 // O_s, in fp32, four columns per lane at a time. A row whose splits all saw no key gets out 0 and LSE -inf (as an
 // unsplit forward gives).
 template <typename T>
@@ -36,6 +37,8 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
   if (row >= rows) return;
   const int i = int(row % p.seqlen_q), h = int(row / p.seqlen_q % p.num_heads), b = int(row / p.seqlen_q / p.num_heads);
+  const SplitSeq seq(p, b);
+  if (i >= seq.len_q) return;  // varlen: past this sequence (no partials were written for it)
   const float* accum_lse = p.split_accum + split_lse_offset(p, splits);
   const int64_t split_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // rows per split
   float m = -INFINITY;
@@ -47,8 +50,8 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   const float lse = sum == 0.f ? -INFINITY : m + logf(sum);
-  if (lane == 0) p.lse[b * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + i] = lse;
-  T* out = static_cast<T*>(p.out) + b * p.o_batch_stride + int64_t(i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
+  if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
+  T* out = static_cast<T*>(p.out) + seq.o_offset(p, i, h);
   for (int col = lane * 4; col < p.head_dim; col += 128) {  // head_dim is a multiple of 8
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (lse != -INFINITY) {
@@ -69,7 +72,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
 // Rotary embedding of one row's first rotary_dim columns at table row `pos`, the rest copied: dst col c from
 // src. cos / sin rows hold rotary_dim / 2 entries.
 template <typename T>
-__device__ void rotate_row(const T* src, T* dst, int head_dim, int rotary_dim, bool interleaved, const T* cos,
+__device__ __forceinline__ void rotate_row(const T* src, T* dst, int head_dim, int rotary_dim, bool interleaved, const T* cos,
                            const T* sin, int lane, int lanes) {
   for (int c = lane; c < head_dim; c += lanes) {
     float x = to_float(src[c]);
@@ -87,8 +90,9 @@ __device__ void rotate_row(const T* src, T* dst, int head_dim, int rotary_dim, b
 }
 
 // One warp per row: the new keys (rotated) and values into the caches, then q's rows (rotated) into q_out.
+// No __launch_bounds__: with it (256 threads) ptxas held the kernel to 40 registers and spilled 16 bytes.
 template <typename T>
-__global__ void __launch_bounds__(kWarps * 32) kv_append_kernel(const __grid_constant__ KvAppendParams p) {
+__global__ void kv_append_kernel(const __grid_constant__ KvAppendParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int64_t kv_rows = p.k_new != nullptr ? int64_t(p.batch) * p.seqlen_new * p.num_heads_k : 0;

@@ -167,6 +167,49 @@ def test_flash_attn_splitkv(dtype, head_dim, seqlen_q, seqlen_k, heads, heads_k,
 
 
 @gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("heads,heads_k", [(8, 8), (16, 2), (6, 1)])
+@pytest.mark.parametrize("hint", ["exact", "short"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_decode_split(head_dim, heads, heads_k, hint, causal):
+    """flash_attn_varlen_func with a few query rows per sequence takes the split kernel: forward and backward against
+    the reference, empty sequences on either side, rows outside every sequence (0 / -inf), and a max_seqlen_q hint
+    shorter than a sequence (its rows past the hint still computed)."""
+    dtype = torch.bfloat16
+    require_kernel(head_dim, dtype)
+    lens_q, lens_k = [1, 2, 0, 1, 5, 1], [300, 0, 17, 4097, 64, 1]
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    total_q = int(cu_q[-1]) + 3  # three rows past the last sequence: out 0, lse -inf, zero gradients
+    q = randn(total_q, heads, head_dim, dtype=dtype).requires_grad_()
+    k = randn(int(cu_k[-1]), heads_k, head_dim, dtype=dtype).requires_grad_()
+    v = randn(int(cu_k[-1]), heads_k, head_dim, dtype=dtype).requires_grad_()
+    max_q = max(lens_q) if hint == "exact" else 1
+    out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max(lens_k), causal=causal,
+                                                     return_attn_probs=True)
+    from flash_attn2.testing import attention_ref_varlen
+    n = int(cu_q[-1])
+    ref, ref_lse = attention_ref_varlen(q[:n].detach(), k.detach(), v.detach(), cu_q, cu_k, causal)
+    ref_lowp, _ = attention_ref_varlen(q[:n].detach(), k.detach(), v.detach(), cu_q, cu_k, causal, upcast=False)
+    ok, err, err_pt = within_tolerance(out[:n], ref, ref_lowp)
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    assert max_error(lse[:, :n], ref_lse) <= LSE_ATOL
+    assert torch.equal(out[n:], torch.zeros_like(out[n:])) and bool((lse[:, n:] == -math.inf).all())
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert torch.equal(grads[0][n:], torch.zeros_like(grads[0][n:]))
+    refs = []
+    for upcast in (True, False):
+        leaves = [(t[:n] if t is q else t).detach().clone() for t in (q, k, v)]
+        leaves = [t.float().requires_grad_() if upcast else t.requires_grad_() for t in leaves]
+        o = attention_ref_varlen(*leaves, cu_q, cu_k, causal, upcast=upcast)[0]
+        refs.append(torch.autograd.grad(o, leaves, dout[:n].float() if upcast else dout[:n]))
+    for name, g, r, p in zip("qkv", (grads[0][:n], grads[1], grads[2]), *refs):
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
+        assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_splits_forced_and_empty(dtype):
     """128 splits over a short cache leave most splits empty; rows with no key (cache_seqlens 0) get 0 and -inf."""

@@ -56,7 +56,7 @@ except ImportError as e:
                       "pip install transformers") from e
 
 from ..bert_padding import pad_input, unpad_input
-from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 
 ATTN_IMPLEMENTATION = "flash_attn2"
 
@@ -82,7 +82,7 @@ def register() -> None:
 def _flash_functions():
     """What transformers' flash-attention preload (_lazy_imports) returns for "flash_attn2": (flash_fn,
     flash_varlen_fn, flash_with_kvcache_fn, pad_fn, unpad_fn)."""
-    return flash_attn_func, flash_attn_varlen_func, None, pad_input, unpad_input
+    return flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, pad_input, unpad_input
 
 
 def flash_attn2_mask(*args, use_vmap=False, **kwargs):

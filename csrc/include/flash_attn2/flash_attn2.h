@@ -98,7 +98,7 @@ struct FwdParams {
   // same time (other streams, graphs) may share one. nullptr: fixed order. run_bwd ignores it.
   int* tile_counter = nullptr;
 
-  // ---- KV cache (flash_attn_with_kvcache) and split-KV; fixed-length calls only (cu_seqlens unset) ----
+  // ---- KV cache (flash_attn_with_kvcache; fixed-length calls only) and split-KV (any call without dropout) ----
   // These are device values the kernels do not trust; each is clamped as said, so that no row outside k / v
   // is read. Setting any of them runs the split-KV kernel.
   // seqused_k: (batch,) int32; batch entry b uses key rows [leftpad_k[b], seqused_k[b] + seqused_k_add) of its

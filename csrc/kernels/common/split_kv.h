@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/seqlen.h"
 
 namespace flash_attn2 {
 
@@ -25,7 +26,9 @@ struct SplitGrid {
 __host__ __device__ inline SplitGrid split_grid(const FwdParams& p, int block_m, int splits) {
   const int pack = split_pack(p);
   const int64_t rows = int64_t(p.seqlen_q) * pack;
-  return {int((rows + block_m - 1) / block_m), splits, p.batch * (p.num_heads / pack)};
+  // At least one tile: with varlen, seqlen_q is a hint (0 allowed) and the tiles loop over the rows past it.
+  const int64_t m_blocks = (rows + block_m - 1) / block_m;
+  return {int(m_blocks > 1 ? m_blocks : 1), splits, p.batch * (p.num_heads / pack)};
 }
 
 // The key blocks of split `split` of `splits` over blocks [n_min, n_max): equal shares of ceil(n / splits),
@@ -50,14 +53,24 @@ __host__ __device__ inline int64_t split_lse_offset(const FwdParams& p, int spli
 }
 
 #ifdef __CUDACC__
-// The k / v rows batch entry bidb reads (flash_attn2.h's kv-cache fields, each clamped): k / v batch entry
-// kv_bidb, rows [start, start + len_k).
-struct KvRows {
-  int kv_bidb;
-  int start, len_k;
+// One batch entry's rows, for fixed-length, varlen and KV-cache calls (each device value clamped: seqlen.h for
+// cu_seqlens, flash_attn2.h's kv-cache fields): query rows [0, len_q) and key rows [0, len_k), and where they are.
+struct SplitSeq {
+  int len_q, len_k;
+  int64_t q_rows;   // varlen: the sequence's first packed query row (q, out, lse); fixed length: 0
+  int64_t q_batch;  // fixed length: the batch entry (q, out, lse); varlen: 0
+  int64_t k_offset, v_offset;  // elements to the sequence's first key row (head 0)
 
-  __device__ KvRows(const FwdParams& p, int bidb) {
-    kv_bidb = bidb;
+  __device__ SplitSeq(const FwdParams& p, int bidb) {
+    if (p.cu_seqlens_q != nullptr) {  // varlen: no kv-cache fields (dispatch.cpp refuses them)
+      const RowRange q = packed_rows(p.cu_seqlens_q, bidb, p.total_q), k = packed_rows(p.cu_seqlens_k, bidb, p.total_k);
+      len_q = int(q.end - q.begin), len_k = int(k.end - k.begin);
+      q_rows = q.begin, q_batch = 0;
+      k_offset = k.begin * p.k_row_stride, v_offset = k.begin * p.v_row_stride;
+      return;
+    }
+    len_q = p.seqlen_q, q_rows = 0, q_batch = bidb;
+    int kv_bidb = bidb;
     if (p.kv_batch_idx != nullptr) {
       const int idx = p.kv_batch_idx[bidb];
       kv_bidb = idx < 0 ? 0 : idx >= p.kv_batch ? p.kv_batch - 1 : idx;
@@ -70,7 +83,20 @@ struct KvRows {
     }
     int begin = p.leftpad_k != nullptr ? p.leftpad_k[bidb] : 0;
     begin = begin < 0 ? 0 : begin > end ? int(end) : begin;
-    start = begin, len_k = int(end) - begin;
+    len_k = int(end) - begin;
+    k_offset = kv_bidb * p.k_batch_stride + begin * p.k_row_stride;
+    v_offset = kv_bidb * p.v_batch_stride + begin * p.v_row_stride;
+  }
+
+  // Element offsets of query row i of head h in q and out, and its LSE.
+  __device__ int64_t q_offset(const FwdParams& p, int i, int h) const {
+    return q_batch * p.q_batch_stride + (q_rows + i) * p.q_row_stride + int64_t(h) * p.q_head_stride;
+  }
+  __device__ int64_t o_offset(const FwdParams& p, int i, int h) const {
+    return q_batch * p.o_batch_stride + (q_rows + i) * p.o_row_stride + int64_t(h) * p.o_head_stride;
+  }
+  __device__ int64_t lse_offset(const FwdParams& p, int i, int h) const {
+    return q_batch * p.lse_batch_stride + int64_t(h) * p.lse_head_stride + q_rows + i;
   }
 };
 #endif

@@ -46,8 +46,30 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
   return cute::make_tensor(t.data() + offset, t.layout());
 }
 
+// Rows the grid's tiles do not reach: with varlen, max_seqlen_q is a hint, and a sequence longer than it has
+// packed rows past the tiles the grid holds (blockIdx.x). The grid's tiles loop over them (rarely more than
+// once); a tile past the hint's rows has no partials to go to, so split 0 takes it whole and writes out directly.
+__device__ inline bool split_tile_direct(const FwdParams& p, int row0, int pack, int splits) {
+  return splits == 1 || int64_t(row0) >= int64_t(p.seqlen_q) * pack;
+}
+
+// Varlen: the rows no sequence covers get out 0 and LSE -inf, by the (split 0, tile 0) blocks of batch entry 0
+// (one per head group, each filling its group's heads).
+template <class Element>
+__device__ void split_zero_uncovered(const FwdParams& p, int head0, int pack, int threads) {
+  if (p.cu_seqlens_q == nullptr || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z >= unsigned(p.num_heads / pack)) return;
+  const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
+  for (int h = head0; h < head0 + pack; ++h) {
+    uncovered.zero_fill(static_cast<Element*>(p.out) + int64_t(h) * p.o_head_stride, p.o_row_stride, p.head_dim,
+                        p.lse + int64_t(h) * p.lse_head_stride, threadIdx.x, threads);
+  }
+}
+
+// One 64-row tile of packed rows [row0, row0 + 64) of batch entry bidb's head group head0: split `split` of
+// `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse.
 template <class Traits, bool kExtended>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const __grid_constant__ FwdParams params) {
+__device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
+                                               int row0, int split, int splits, bool direct) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -56,24 +78,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
   const int tid = threadIdx.x;
-  const int m_block = blockIdx.x, split = blockIdx.y, splits = gridDim.y;
-  const int pack = split_pack(params), groups = params.num_heads / pack;
-  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
+  const int pack = split_pack(params);
   const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
-  const int rows = params.seqlen_q * pack, row0 = m_block * kBlockM;  // packed rows: all, and this tile's first
-  const KvRows kv(params, bidb);
-  const Window window(params.seqlen_q, kv.len_k, params);
+  const int rows = seq.len_q * pack;  // this batch entry's packed rows; row0 < rows
+  const Window window(seq.len_q, seq.len_k, params);
   // The tile's query rows, first and last, bound its key blocks; the split takes its share of them.
   const BlockRange blocks = fwd_block_range_rows<kBlockN, kExtended>(
       window, row0 / pack, (min(row0 + kBlockM, rows) - 1) / pack);
-  const SplitBlocks mine = split_blocks(blocks.n_min, blocks.n_max, split, splits);
+  const SplitBlocks mine = direct ? SplitBlocks{blocks.n_min, blocks.n_max}
+                                  : split_blocks(blocks.n_min, blocks.n_max, split, splits);
 
-  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + kv.kv_bidb * params.k_batch_stride +
-                                      kv.start * params.k_row_stride + bidh_k * params.k_head_stride,
-                                  kv.len_k, params.k_row_stride);  // (len_k, D)
-  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + kv.kv_bidb * params.v_batch_stride +
-                                      kv.start * params.v_row_stride + bidh_k * params.v_head_stride,
-                                  kv.len_k, params.v_row_stride);  // (len_k, D)
+  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + seq.k_offset + bidh_k * params.k_head_stride,
+                                  seq.len_k, params.k_row_stride);  // (len_k, D)
+  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + seq.v_offset + bidh_k * params.v_head_stride,
+                                  seq.len_k, params.v_row_stride);  // (len_k, D)
   Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));  // (kBlockN, D, n)
   Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));  // (kBlockN, D, n)
 
@@ -95,9 +113,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
     const int r = idx / kChunks, c = idx % kChunks;
     uint4 value = {0, 0, 0, 0};
     if (row0 + r < rows && c * 8 < params.head_dim) {
-      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) + bidb * params.q_batch_stride +
-                                              int64_t(query_of(r)) * params.q_row_stride +
-                                              int64_t(head_of(r)) * params.q_head_stride + c * 8);
+      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) +
+                                              seq.q_offset(params, query_of(r), head_of(r)) + c * 8);
     }
     *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
   }
@@ -113,7 +130,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
   // Block n into stage n % kStages; the sequence's last block may be cut (zeros past len_k: a cache's unused
   // rows, whatever they hold, never reach a score or P V).
   auto load_kv = [&](int n_block) {
-    const int offset = (n_block % kStages) * int(Traits::kKVSize), rows_left = kv.len_k - n_block * kBlockN;
+    const int offset = (n_block % kStages) * int(Traits::kKVSize), rows_left = seq.len_k - n_block * kBlockN;
     if (rows_left < kBlockN) {
       load_tile<true>(gmem_copy, tKgK(_, _, _, n_block), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
       load_tile<true>(gmem_copy, tVgV(_, _, _, n_block), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
@@ -145,7 +162,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
   for (int r = 0; r < kRows; ++r) query[r] = query_of(get<0>(tScS(r, 0)));
   const ScoreMods mods(params, kExtended);
   // ALiBi only unpacked (split_pack): packed row r is query row0 + r of head0.
-  const Alibi alibi = mods.alibi(params, params.seqlen_q, kv.len_k, bidb, head0);
+  const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, head0);
   OnlineSoftmax<kRows> softmax(mods.scale(params));
 
   // Blocks the window's edges or the sequence's end cut: S to -inf where the row's query does not see the key.
@@ -195,7 +212,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
     softmax.finalize(O, row_lse);
   }
   const bool quad_leader = get<1>(tScS(0, 0)) == 0;  // the quad's first thread owns column 0 of its rows
-  if (splits > 1) {
+  if (!direct) {
     // fp32 partials straight from the accumulators: a quad writes 32 contiguous bytes of a row.
     float* accum_o = params.split_accum;
     float* accum_lse = params.split_accum + split_lse_offset(params, splits);
@@ -218,27 +235,37 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
   Tensor rO = convert_fragment<Element>(acc_o);
   auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma);
   auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
-  __syncthreads();  // every warp is done reading Q (a warp reads only its own rows; kept for clarity of reuse)
   cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
   if (quad_leader) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int tile_row = get<0>(tScS(r, 0));
-      if (row0 + tile_row < rows) {
-        params.lse[bidb * params.lse_batch_stride + int64_t(head_of(tile_row)) * params.lse_head_stride +
-                   query_of(tile_row)] = row_lse[r];
-      }
+      if (row0 + tile_row < rows) params.lse[seq.lse_offset(params, query_of(tile_row), head_of(tile_row))] = row_lse[r];
     }
   }
   __syncthreads();
   for (int idx = tid; idx < kBlockM * kChunks; idx += kNThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     if (row0 + r < rows && c * 8 < params.head_dim) {
-      *reinterpret_cast<uint4*>(static_cast<Element*>(params.out) + bidb * params.o_batch_stride +
-                                int64_t(query_of(r)) * params.o_row_stride +
-                                int64_t(head_of(r)) * params.o_head_stride + c * 8) =
-          *reinterpret_cast<const uint4*>(&sO(r, c * 8));
+      *reinterpret_cast<uint4*>(static_cast<Element*>(params.out) + seq.o_offset(params, query_of(r), head_of(r)) +
+                                c * 8) = *reinterpret_cast<const uint4*>(&sO(r, c * 8));
     }
+  }
+}
+
+template <class Traits, bool kExtended>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const __grid_constant__ FwdParams params) {
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int pack = split_pack(params), groups = params.num_heads / pack;
+  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
+  split_zero_uncovered<typename Traits::Element>(params, head0, pack, Traits::kNThreads);
+  const SplitSeq seq(params, bidb);
+  const int rows = seq.len_q * pack;
+  for (int row0 = blockIdx.x * Traits::kBlockM; row0 < rows; row0 += gridDim.x * Traits::kBlockM) {
+    const bool direct = split_tile_direct(params, row0, pack, splits);
+    if (direct && splits > 1 && split != 0) continue;
+    __syncthreads();  // the previous tile's epilogue is done with shared memory
+    fwd_split_tile<Traits, kExtended>(params, seq, bidb, head0, row0, split, splits, direct);
   }
 }
 
@@ -290,8 +317,10 @@ __device__ __forceinline__ void warp_gemm_rs(Mma const& mma, Acc& acc, RegA cons
   }
 }
 
+// One 16-row tile of packed rows [row0, row0 + 16) (fwd_split_tile's arguments).
 template <class Traits, bool kExtended>
-__global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_constant__ FwdParams params) {
+__device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
+                                                      int row0, int split, int splits, bool direct) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kChunk = Traits::kChunk, kHeadDim = Traits::kHeadDim;
@@ -300,24 +329,20 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
   using TileKV = Shape<Int<kChunk>, Int<kHeadDim>>;
   using TileS = Shape<Int<kBlockM>, Int<kChunk>>;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int split = blockIdx.y, splits = gridDim.y;
-  const int pack = split_pack(params), groups = params.num_heads / pack;
-  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
+  const int pack = split_pack(params);
   const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
-  const int rows = params.seqlen_q * pack;  // <= kBlockM: one tile (dispatch.cpp), blockIdx.x == 0
-  const KvRows kv(params, bidb);
-  const Window window(params.seqlen_q, kv.len_k, params);
-  const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, 0, (rows - 1) / pack);
-  const SplitBlocks mine = split_blocks(blocks.n_min, blocks.n_max, split, splits);
-  auto query_of = [&](int r) { return r / pack; };
-  auto head_of = [&](int r) { return head0 + r % pack; };
+  const int rows = seq.len_q * pack, tile_rows = min(kBlockM, rows - row0);  // row0 < rows
+  const Window window(seq.len_q, seq.len_k, params);
+  const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, row0 / pack, (row0 + tile_rows - 1) / pack);
+  const SplitBlocks mine = direct ? SplitBlocks{blocks.n_min, blocks.n_max}
+                                  : split_blocks(blocks.n_min, blocks.n_max, split, splits);
+  auto query_of = [&](int r) { return (row0 + r) / pack; };
+  auto head_of = [&](int r) { return head0 + (row0 + r) % pack; };
 
-  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + kv.kv_bidb * params.k_batch_stride +
-                                      kv.start * params.k_row_stride + bidh_k * params.k_head_stride,
-                                  kv.len_k, params.k_row_stride);  // (len_k, D)
-  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + kv.kv_bidb * params.v_batch_stride +
-                                      kv.start * params.v_row_stride + bidh_k * params.v_head_stride,
-                                  kv.len_k, params.v_row_stride);  // (len_k, D)
+  Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + seq.k_offset + bidh_k * params.k_head_stride,
+                                  seq.len_k, params.k_row_stride);  // (len_k, D)
+  Tensor mV = gmem_rows<kHeadDim>(static_cast<const Element*>(params.v) + seq.v_offset + bidh_k * params.v_head_stride,
+                                  seq.len_k, params.v_row_stride);  // (len_k, D)
   Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));  // (16, D, n)
   Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));  // (16, D, n)
 
@@ -334,10 +359,9 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
   for (int idx = tid; idx < kBlockM * kVecs; idx += 128) {
     const int r = idx / kVecs, c = idx % kVecs;
     uint4 value = {0, 0, 0, 0};
-    if (r < rows && c * 8 < params.head_dim) {
-      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) + bidb * params.q_batch_stride +
-                                              int64_t(query_of(r)) * params.q_row_stride +
-                                              int64_t(head_of(r)) * params.q_head_stride + c * 8);
+    if (r < tile_rows && c * 8 < params.head_dim) {
+      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) +
+                                              seq.q_offset(params, query_of(r), head_of(r)) + c * 8);
     }
     *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
   }
@@ -352,7 +376,7 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
   // This warp's i-th chunk of the split, into stage i % kStages; the sequence's last chunk may be cut (zeros).
   auto chunk_of = [&](int i) { return mine.begin + warp + kWarps * i; };
   auto load_chunk = [&](int i) {
-    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize), rows_left = kv.len_k - n * kChunk;
+    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize), rows_left = seq.len_k - n * kChunk;
     if (rows_left < kChunk) {
       load_tile<true>(gmem_copy, tKgK(_, _, _, n), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
       load_tile<true>(gmem_copy, tVgV(_, _, _, n), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
@@ -390,7 +414,7 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) query[r] = query_of(get<0>(tScS(r, 0)));
   const ScoreMods mods(params, kExtended);
-  const Alibi alibi = mods.alibi(params, params.seqlen_q, kv.len_k, bidb, head0);  // unpacked with ALiBi
+  const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, head0);  // unpacked with ALiBi
   OnlineSoftmax<kRows> softmax(mods.scale(params));
 
   for (int i = 0; chunk_of(i) < mine.end; ++i) {
@@ -403,7 +427,7 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
     clear(acc_s);
     warp_gemm_rs(mma, acc_s, tSrQ, tSrK, at_offset(tSsK, offset), smem_copy_k, lane);
     Tensor S = rowcol_view(acc_s);
-    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, 0, n * kChunk);
+    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, row0, n * kChunk);
     if (n >= blocks.n_masked_min || (kExtended && n < blocks.n_unmasked_min)) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -446,10 +470,10 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
     }
   }
   __syncthreads();
-  const bool to_accum = splits > 1;
+  const bool to_accum = !direct;
   float* accum_o = params.split_accum;
   float* accum_lse = params.split_accum + (to_accum ? split_lse_offset(params, splits) : 0);
-  for (int idx = tid; idx < rows * kHeadDim; idx += 128) {
+  for (int idx = tid; idx < tile_rows * kHeadDim; idx += 128) {
     const int row = idx / kHeadDim, col = idx % kHeadDim;
     float m = -INFINITY;
     CUTE_UNROLL
@@ -472,12 +496,25 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
       accum_o[out_row * params.head_dim + col] = o;
       if (col == 0) accum_lse[out_row] = lse;
     } else {
-      static_cast<Element*>(params.out)[bidb * params.o_batch_stride + int64_t(query_of(row)) * params.o_row_stride +
-                                        int64_t(head_of(row)) * params.o_head_stride + col] = Element(o);
-      if (col == 0) {
-        params.lse[bidb * params.lse_batch_stride + int64_t(head_of(row)) * params.lse_head_stride + query_of(row)] = lse;
-      }
+      static_cast<Element*>(params.out)[seq.o_offset(params, query_of(row), head_of(row)) + col] = Element(o);
+      if (col == 0) params.lse[seq.lse_offset(params, query_of(row), head_of(row))] = lse;
     }
+  }
+}
+
+template <class Traits, bool kExtended>
+__global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_constant__ FwdParams params) {
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int pack = split_pack(params), groups = params.num_heads / pack;
+  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
+  split_zero_uncovered<typename Traits::Element>(params, head0, pack, 128);
+  const SplitSeq seq(params, bidb);
+  const int rows = seq.len_q * pack;
+  for (int row0 = blockIdx.x * Traits::kBlockM; row0 < rows; row0 += gridDim.x * Traits::kBlockM) {
+    const bool direct = split_tile_direct(params, row0, pack, splits);
+    if (direct && splits > 1 && split != 0) continue;
+    __syncthreads();  // the previous tile's merge is done with shared memory
+    fwd_split_narrow_tile<Traits, kExtended>(params, seq, bidb, head0, row0, split, splits, direct);
   }
 }
 

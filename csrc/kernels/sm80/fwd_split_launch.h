@@ -14,7 +14,7 @@
 namespace flash_attn2 {
 
 // The narrow tile's kernel (decode with at most 16 packed rows, head dim <= 128): one 16-row tile per (split,
-// batch entry, head group).
+// batch entry, head group); with varlen a longer sequence than max_seqlen_q says loops over more.
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
   using Traits = FwdSplitNarrowTraits<kHeadDim, ElementOf<kDType>, fwd_split_narrow_stages(kHeadDim)>;
@@ -22,8 +22,9 @@ cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& p
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
-  if (grid.groups > 65535 || grid.splits > 65535 || grid.m_blocks != 1) return cudaErrorInvalidValue;
-  kernel<<<dim3(1, grid.splits, grid.groups), 128, kSmemBytes, stream>>>(params);
+  if (grid.groups == 0) return cudaSuccess;
+  if (grid.groups > 65535 || grid.splits > 65535) return cudaErrorInvalidValue;
+  kernel<<<dim3(grid.m_blocks, grid.splits, grid.groups), 128, kSmemBytes, stream>>>(params);
   if (cudaError_t err = cudaGetLastError()) return err;
   return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
 }
