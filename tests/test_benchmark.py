@@ -105,3 +105,13 @@ def test_hf_step_models_share_weights():
     for a, b in zip(sdpa.state_dict().values(), ours.state_dict().values()):
         assert torch.equal(a, b)
     assert all(p.dtype == torch.bfloat16 for p in ours.parameters())
+
+
+def test_decode_summary_against_cudnn():
+    from flash_attn2.bench import decode
+    cell = dict(heads=32, heads_k=8, hdim=128, batch=1, ctx=1024)
+    rows = [dict(cell, impl="flash_attn2", us_graph=10.0), dict(cell, impl="sdpa_cudnn", us_graph=8.0),
+            dict(cell, ctx=4096, impl="flash_attn2", us_graph=20.0), dict(cell, ctx=4096, impl="sdpa_cudnn", us_graph=40.0)]
+    text = decode.summary(rows)
+    assert "geomean 1.265 over 2 cells" in text and "min 0.800" in text and "ctx 1024" in text
+    assert "no cell" in decode.summary(rows[:1])

@@ -45,8 +45,9 @@ def test_max_jobs_respects_cores_and_memory():
 def test_kernel_sources_exist():
     sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), cfg.selected_head_dims({}), cfg.selected_dtypes({}),
                                  ("sm80", "sm90"))
-    # SM80 forward and backward and Hopper forward per (head dim, dtype), the Hopper backward at its head dims.
-    assert len(sources) == 3 * 16 + 2 * len(cfg.BWD_SM90_HEAD_DIMS) + 1 and all(os.path.isfile(s) for s in sources)
+    # SM80 forward and backward, Hopper forward and split-KV forward per (head dim, dtype), the Hopper backward at
+    # its head dims, and the two dtype-generic files (bwd_aux.cu, fwd_aux.cu).
+    assert len(sources) == 4 * 16 + 2 * len(cfg.BWD_SM90_HEAD_DIMS) + 2 and all(os.path.isfile(s) for s in sources)
 
 
 def fake_nvcc(tmp_path, release):
@@ -93,6 +94,8 @@ def test_kernel_paths(archs, env, paths):
     for name, path in (("fwd_hdim64_bf16_sm90", "sm90"), ("bwd_hdim64_bf16_sm90", "sm90"), ("fwd_hdim64_bf16", "sm80"),
                        ("bwd_hdim64_bf16", "sm80"), ("bwd_hdim192_bf16_sm90", "sm90")):  # 160 runs the 192 kernel
         assert any(s.endswith(f"/{name}.cu") for s in sources) == (path in paths), name
+    # The split-KV forward (SM80 tensor cores) on every path.
+    assert any(s.endswith("/fwd_split_hdim160_bf16.cu") for s in sources)
     assert not any(s.endswith("bwd_hdim160_bf16_sm90.cu") for s in sources)
     defs = cfg.kernel_definitions([64], ["bf16"], paths)
     assert f"-DFLASH_ATTN2_COMPILED_SM80={int('sm80' in paths)}" in defs

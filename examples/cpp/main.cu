@@ -1,7 +1,8 @@
 // flash_attn2 from C++ (flash_attn2/flash_attn2.h): forward and backward on the GPU, checked against a
 // float64 CPU reference. Causal (bottom-right aligned) with seqlen_q < seqlen_k and seqlen_q > seqlen_k,
 // GQA (4 query heads over 2 kv heads), head dim 64; the backward with atomic dq and deterministic (run
-// twice, bitwise equal); and params that must be refused (wrong header version, NaN softmax_scale).
+// twice, bitwise equal); params that must be refused (wrong header version, NaN softmax_scale); and decode
+// against a KV cache (run_kv_append, then run_fwd with seqused_k and key splits).
 // Exit status: 0 passed, 1 failed, 77 skipped (no CUDA device of compute capability 8.0 or newer).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -361,6 +362,84 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   return ok && cleared;
 }
 
+// Decode against a KV cache: run_kv_append writes one new key / value row per sequence at its length (a device
+// array), then run_fwd attends q (one row) to the rows in use, with seqused_k and 4 key splits (split_accum sized by
+// fwd_split_accum_elems). Checked against the float64 reference of each sequence's used rows.
+bool run_kvcache_case(fa::DType t, const Tolerance& tol, cudaStream_t stream) {
+  const int batch = 2, capacity = 300, heads = 4, heads_k = 2, d = 64;
+  const int lens[batch] = {37, 250};  // rows in use before the call; each gets one more
+  std::printf("  kv cache: batch %d, capacity %d, lengths %d / %d + 1 appended, heads %d, heads_k %d, head dim %d, "
+              "4 splits\n", batch, capacity, lens[0], lens[1], heads, heads_k, d);
+  const size_t nq = size_t(batch) * heads * d, nnew = size_t(batch) * heads_k * d;
+  const size_t ncache = size_t(batch) * capacity * heads_k * d;
+  std::vector<uint16_t> q = random_tensor(nq, 11, t), kn = random_tensor(nnew, 12, t), vn = random_tensor(nnew, 13, t);
+  std::vector<uint16_t> kc = random_tensor(ncache, 14, t), vc = random_tensor(ncache, 15, t);
+  DeviceBuffer dq_(nq * 2), dkn(nnew * 2), dvn(nnew * 2), dkc(ncache * 2), dvc(ncache * 2), dout(nq * 2);
+  DeviceBuffer dlse(size_t(batch) * heads * 4), dlens(batch * 4);
+  CUDA_CHECK(cudaMemcpy(dq_.ptr, q.data(), nq * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dkn.ptr, kn.data(), nnew * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dvn.ptr, vn.data(), nnew * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dkc.ptr, kc.data(), ncache * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dvc.ptr, vc.data(), ncache * 2, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(dlens.ptr, lens, batch * 4, cudaMemcpyHostToDevice));
+  dout.poison();
+
+  fa::KvAppendParams a{};
+  a.dtype = t, a.batch = batch, a.num_heads_k = heads_k, a.head_dim = d;
+  a.k_new = dkn.ptr, a.v_new = dvn.ptr, a.seqlen_new = 1;
+  a.kn_batch_stride = a.vn_batch_stride = int64_t(heads_k) * d, a.kn_row_stride = a.vn_row_stride = int64_t(heads_k) * d;
+  a.kn_head_stride = a.vn_head_stride = d;
+  a.k_cache = dkc.ptr, a.v_cache = dvc.ptr, a.cache_batch = batch, a.cache_seqlen = capacity;
+  a.kc_batch_stride = a.vc_batch_stride = int64_t(capacity) * heads_k * d;
+  a.kc_row_stride = a.vc_row_stride = int64_t(heads_k) * d, a.kc_head_stride = a.vc_head_stride = d;
+  a.cache_seqlens = dlens.as<int>();
+  FA_CHECK(fa::run_kv_append(a, stream));
+
+  fa::FwdParams p{};
+  p.q = dq_.ptr, p.k = dkc.ptr, p.v = dvc.ptr, p.out = dout.ptr, p.lse = dlse.as<float>();
+  p.q_batch_stride = p.o_batch_stride = int64_t(heads) * d, p.q_row_stride = p.o_row_stride = int64_t(heads) * d;
+  p.q_head_stride = p.o_head_stride = d;
+  p.k_batch_stride = p.v_batch_stride = a.kc_batch_stride, p.k_row_stride = p.v_row_stride = a.kc_row_stride;
+  p.k_head_stride = p.v_head_stride = d;
+  p.lse_batch_stride = heads, p.lse_head_stride = 1;
+  p.batch = batch, p.num_heads = heads, p.num_heads_k = heads_k, p.head_dim = d;
+  p.seqlen_q = 1, p.seqlen_k = capacity, p.total_q = batch, p.total_k = int64_t(batch) * capacity;
+  p.softmax_scale = float(1.0 / std::sqrt(double(d)));
+  p.causal = true, p.dtype = t;
+  p.seqused_k = dlens.as<int>(), p.seqused_k_add = 1;
+  p.kv_splits = 4;
+  DeviceBuffer accum(size_t(fa::fwd_split_accum_elems(p, 4)) * 4);
+  p.split_accum = accum.as<float>();
+  FA_CHECK(fa::run_fwd(p, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+
+  // The reference: the cache with the new rows written, each sequence's first lens[b] + 1 rows.
+  for (int b = 0; b < batch; ++b) {
+    for (int x = 0; x < heads_k * d; ++x) {
+      kc[(size_t(b) * capacity + lens[b]) * heads_k * d + x] = kn[size_t(b) * heads_k * d + x];
+      vc[(size_t(b) * capacity + lens[b]) * heads_k * d + x] = vn[size_t(b) * heads_k * d + x];
+    }
+  }
+  bool ok = bitwise_equal(dkc, kc) && bitwise_equal(dvc, vc);
+  std::printf("    caches: the appended rows written, nothing else  %s\n", ok ? "ok" : "FAIL");
+  std::vector<double> ref_out, ref_lse;
+  for (int b = 0; b < batch; ++b) {
+    const Case c{1, 1, lens[b] + 1, heads, heads_k, d, true};
+    const auto rows = [&](const std::vector<uint16_t>& x, size_t first, size_t n) {
+      return to_double(std::vector<uint16_t>(x.begin() + first, x.begin() + first + n), t);
+    };
+    const size_t kv_first = size_t(b) * capacity * heads_k * d, kv_n = size_t(lens[b] + 1) * heads_k * d;
+    const Reference r = reference(c, p.softmax_scale, rows(q, size_t(b) * heads * d, size_t(heads) * d),
+                                  rows(kc, kv_first, kv_n), rows(vc, kv_first, kv_n),
+                                  std::vector<double>(size_t(heads) * d, 0.0));
+    ref_out.insert(ref_out.end(), r.out.begin(), r.out.end());
+    ref_lse.insert(ref_lse.end(), r.lse.begin(), r.lse.end());
+  }
+  ok &= check("out", ref_out, dout, t, tol.out);
+  ok &= check_lse(ref_lse, dlse);
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -395,6 +474,7 @@ int main() {
   // seqlen_q < seqlen_k, then seqlen_q > seqlen_k (its first 54 query rows see no key).
   bool ok = run_case(Case{2, 77, 131, 4, 2, head_dim, true}, t, tol, prop.multiProcessorCount, stream, true);
   ok &= run_case(Case{2, 131, 77, 4, 2, head_dim, true}, t, tol, prop.multiProcessorCount, stream, false);
+  ok &= run_kvcache_case(t, tol, stream);
   CUDA_CHECK(cudaStreamDestroy(stream));
   std::printf(ok ? "PASSED\n" : "FAILED\n");
   return ok ? 0 : 1;
