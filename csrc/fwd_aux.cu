@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/launch.h"
 #include "common/launchers.h"
 #include "common/split_kv.h"
 
@@ -32,6 +33,7 @@ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __fl
 // unsplit forward gives).
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_constant__ FwdParams p, int splits) {
+  griddep_wait();  // launched after the split kernel (launch_after): its partials
   const int lane = threadIdx.x % 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (batch, head, query) flattened
   const int64_t rows = int64_t(p.batch) * p.num_heads * p.seqlen_q;
@@ -93,6 +95,7 @@ __device__ __forceinline__ void rotate_row(const T* src, T* dst, int head_dim, i
 // No __launch_bounds__: with it (256 threads) ptxas held the kernel to 40 registers and spilled 16 bytes.
 template <typename T>
 __global__ void kv_append_kernel(const __grid_constant__ KvAppendParams p) {
+  griddep_launch_dependents();  // the split kernel may launch now; it waits for this grid before it reads
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int64_t kv_rows = p.k_new != nullptr ? int64_t(p.batch) * p.seqlen_new * p.num_heads_k : 0;
@@ -139,12 +142,8 @@ cudaError_t launch_fwd_combine(const FwdParams& p, int splits, cudaStream_t stre
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (p.dtype == DType::kFloat16) {
-    fwd_combine_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p, splits);
-  } else {
-    fwd_combine_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p, splits);
-  }
-  return cudaGetLastError();
+  return launch_after(p.dtype == DType::kFloat16 ? &fwd_combine_kernel<__half> : &fwd_combine_kernel<__nv_bfloat16>,
+                      dim3(unsigned(blocks)), dim3(kWarps * 32), 0, stream, p, splits);
 }
 
 cudaError_t launch_kv_append(const KvAppendParams& p, cudaStream_t stream) {

@@ -14,6 +14,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/block_range.h"
+#include "common/launch.h"
 #include "common/mask.h"
 #include "common/score_mod.h"
 #include "common/softmax.h"
@@ -255,6 +256,10 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
 
 template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const __grid_constant__ FwdParams params) {
+  // Launched after the kernel before it (launch_after: flash_attn_with_kvcache's update writes the q and the cache
+  // rows read here), and lets the combine's blocks launch once every block here has started.
+  griddep_wait();
+  griddep_launch_dependents();
   const int split = blockIdx.y, splits = gridDim.y;
   const int pack = split_pack(params), groups = params.num_heads / pack;
   const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
@@ -504,6 +509,8 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
 
 template <class Traits, bool kExtended>
 __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_constant__ FwdParams params) {
+  griddep_wait();  // as fwd_split_kernel
+  griddep_launch_dependents();
   const int split = blockIdx.y, splits = gridDim.y;
   const int pack = split_pack(params), groups = params.num_heads / pack;
   const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;

@@ -1,5 +1,6 @@
 // Launcher for one (head dim, dtype) split-KV forward (sm80/fwd_split_kernel.h): the grid of common/split_kv.h,
-// the plain or the extended kernel (common/kernel_kind.h), then the combine where the keys were split. Each
+// the plain or the extended kernel (common/kernel_kind.h), then the combine where the keys were split; both with
+// programmatic dependent launch on sm_90+ (launch_after), which hides the launch gaps a decode call is made of. Each
 // csrc/instantiations/fwd_split_*.cu instantiates one.
 #pragma once
 
@@ -24,8 +25,10 @@ cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& p
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (grid.groups == 0) return cudaSuccess;
   if (grid.groups > 65535 || grid.splits > 65535) return cudaErrorInvalidValue;
-  kernel<<<dim3(grid.m_blocks, grid.splits, grid.groups), 128, kSmemBytes, stream>>>(params);
-  if (cudaError_t err = cudaGetLastError()) return err;
+  if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, grid.groups), dim3(128), kSmemBytes,
+                                     stream, params)) {
+    return err;
+  }
   return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
 }
 
@@ -44,8 +47,10 @@ cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cu
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (int64_t(grid.m_blocks) * grid.groups == 0) return cudaSuccess;
   if (grid.groups > 65535 || grid.splits > 65535) return cudaErrorInvalidValue;
-  kernel<<<dim3(grid.m_blocks, grid.splits, grid.groups), Traits::kNThreads, kSmemBytes, stream>>>(params);
-  if (cudaError_t err = cudaGetLastError()) return err;
+  if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, grid.groups), dim3(Traits::kNThreads),
+                                     kSmemBytes, stream, params)) {
+    return err;
+  }
   return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
 }
 
