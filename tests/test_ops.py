@@ -93,6 +93,23 @@ def test_opcheck(case):
     torch.library.opcheck(_ops.bwd, (dout, *(t.detach() for t in (q, k, v, out, lse)), *args[3:]))
 
 
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 59])
+@pytest.mark.parametrize("append", [False, True])
+def test_opcheck_kvcache(head_dim, append):
+    """flash_attn2::fwd_kvcache: its schema's mutation of k_cache / v_cache (with new k / v) and its fake agree with
+    the kernel (opcheck runs it eagerly, under FakeTensor and through AOTAutograd)."""
+    require_kernel(head_dim, BF16)
+    q = randn(2, 1, 4, head_dim, dtype=BF16)
+    k_cache, v_cache = (randn(2, 64, 2, head_dim, dtype=BF16) for _ in range(2))
+    k, v = (randn(2, 1, 2, head_dim, dtype=BF16) if append else None for _ in range(2))
+    seqlens = torch.tensor([5, 63], dtype=torch.int32, device="cuda")
+    angle = torch.rand(64, 16, device="cuda")
+    cos, sin = (angle.cos().to(BF16), angle.sin().to(BF16)) if append else (None, None)
+    torch.library.opcheck(_ops.fwd_kvcache, (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, 0.125, True,
+                                             -1, 0, 0.0, False, None, 0))
+
+
 def dense(batch, seqlen_q, seqlen_k, heads=4, heads_k=2, head_dim=64):
     q = randn(batch, seqlen_q, heads, head_dim, dtype=BF16)
     k, v = (randn(batch, seqlen_k, heads_k, head_dim, dtype=BF16) for _ in range(2))
