@@ -1,0 +1,218 @@
+"""flash_attn2 as PyTorch's SDPA flash backend (torch >= 2.11's flash-attention registry).
+
+    import flash_attn2.integrations.torch_sdpa  # registers "flash_attn2"; activates nothing
+    torch.nn.attention.activate_flash_attention_impl("flash_attn2")
+    ...  # F.scaled_dot_product_attention under the flash backend, varlen_attn, torch's context parallel
+    torch.nn.attention.restore_flash_attention_impl()  # PyTorch's own kernels again
+
+Activation overrides the CUDA kernels of the four aten flash ops, as torch's own FA3 / FA4 adapters do
+(torch/nn/attention/_fa3.py): `_scaled_dot_product_flash_attention` (+ backward), which SDPA calls with
+(batch, heads, seqlen, head_dim) tensors, and `_flash_attention_forward` / `_backward`, which `varlen_attn` and
+the dense SDPA op's PyTorch kernel call with (batch, seqlen, heads, head_dim) or packed (total, heads, head_dim)
+ones. SDPA's own eligibility checks still decide when the flash backend runs; the adapter only replaces the
+kernels. Inputs pass as strided views (no copy where the strides allow; outputs in the query's strides, as
+PyTorch's meta functions say), GQA shapes pass through unexpanded, dropout draws from torch's CUDA generator and
+hands back the (seed, offset) pair as SDPA's rng_state, so SDPA's backward contract holds.
+
+A call flash_attn2 cannot serve (a head dim or dtype its build lacks, `seqused_k`, `return_debug_mask=True`) runs
+PyTorch's kernel for that op, captured before the override, and is logged once per reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+
+import torch
+from torch.library import Library
+
+NAME = "flash_attn2"
+logger = logging.getLogger(__name__)
+
+_OPS = ("_flash_attention_forward", "_flash_attention_backward", "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_backward")
+_logged: set[str] = set()
+
+
+def _log_fallback(op: str, why: str) -> None:
+    if why not in _logged:
+        _logged.add(why)
+        logger.warning("flash_attn2 SDPA backend: %s runs PyTorch's own kernel (%s); logged once", op, why)
+
+
+class _Handle:
+    """What activate_flash_attention_impl keeps: the override library; remove() drops it (PyTorch's kernels
+    return)."""
+
+    def __init__(self, library: Library):
+        self.library = library
+
+    def remove(self) -> None:
+        if self.library is not None:
+            self.library._destroy()
+        self.library = None
+
+
+def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_debug_mask=False) -> str | None:
+    """Why flash_attn2 cannot serve a call, or None. q's last dim is the head dim in every layout."""
+    from .. import _ops
+
+    if not all(t.is_cuda for t in tensors):
+        return "inputs not on a CUDA device"
+    if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in tensors):
+        return f"dtype {q.dtype}: flash_attn2 takes float16 / bfloat16"
+    if seqused_k is not None:
+        return "seqused_k is not supported yet"
+    if return_debug_mask:
+        return "return_debug_mask=True"
+    head_dim = q.shape[-1]
+    bucket = -(-head_dim // 32) * 32
+    if not 0 < head_dim <= 256 or _ops.ext.fwd_head_dim_bucket(bucket, q.dtype == torch.bfloat16) != bucket:
+        return f"head dim {head_dim} in {q.dtype} is not compiled in this flash_attn2 build"
+    return None
+
+
+def _window(left, right) -> tuple[int, int]:
+    return (-1 if left is None else int(left)), (-1 if right is None else int(right))
+
+
+def _scale(scale, head_dim: int) -> float:
+    return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
+
+
+def _rng_outputs(rng_state: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA's (philox_seed (2,) uint64, philox_offset () uint64): our (seed, offset) pair, or zeros."""
+    seed = rng_state.view(torch.uint64) if rng_state.numel() == 2 else torch.zeros(2, dtype=torch.uint64, device=device)
+    return seed, torch.zeros((), dtype=torch.uint64, device=device)
+
+
+def _rng_input(philox_seed: torch.Tensor, dropout_p: float):
+    """Our rng_state (2,) int64 from SDPA's philox_seed, where the forward had dropout."""
+    return philox_seed.view(torch.int64) if dropout_p > 0 and philox_seed.numel() == 2 else None
+
+
+def _kernel_ready(t: torch.Tensor) -> bool:
+    """csrc/flash_api.cpp's aligned(): the kernels read and write it in place (16-byte base, unit last stride,
+    other strides whole 16-byte vectors, a nonzero row stride)."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16 != 0 or t.shape[-1] % 8 != 0:
+        return False
+    return all((s % 8 == 0 and s != 0) or (n == 1 and i != t.dim() - 3)
+               for i, (n, s) in enumerate(zip(t.shape[:-1], t.stride()[:-1])))
+
+
+def _forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, causal, scale, window, alibi_slopes, out=None):
+    """Our forward on (batch, seqlen, heads, d) or packed tensors -> (out, lse, rng_state); into `out` where given
+    (in place where every tensor is kernel-ready, else through the op and a copy)."""
+    from .. import _ops
+
+    left, right = window
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if out is None or not all(_kernel_ready(t) for t in (q, k, v, out)):
+        o, lse, rng_state = _ops.fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, alibi_slopes,
+                                     deterministic, dropout_p)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return o, lse, rng_state
+    lse = q.new_empty((q.shape[1], q.shape[0]) if cu_q is not None else (q.shape[0], q.shape[2], q.shape[1]),
+                      dtype=torch.float32)
+    rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
+    _ops.ext.fwd_out(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, alibi_slopes,
+                     dropout_p, rng_state, True)
+    return out, lse, rng_state
+
+
+def _backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, causal, scale, window, rng_state):
+    from .. import _ops
+
+    left, right = window
+    return _ops.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, None,
+                    torch.are_deterministic_algorithms_enabled(), dropout_p, rng_state)
+
+
+def _register() -> _Handle:
+    """register_fn of the registry: captures PyTorch's kernels (for the fallback), then overrides them."""
+    from .. import _ops  # noqa: F401  (loads the extension: fails here, not at the first call, if it cannot)
+
+    original = {name: torch.library.get_kernel(f"aten::{name}", "CUDA") for name in _OPS}
+
+    def flash_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                      return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
+                      seqused_k=None, alibi_slopes=None):
+        why = support_error(query, (query, key, value), seqused_k=seqused_k, return_debug_mask=return_debug_mask)
+        if why is not None:
+            _log_fallback("_flash_attention_forward", why)
+            return original["_flash_attention_forward"].call_boxed(
+                keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
+                return_debug_mask, scale=scale, window_size_left=window_size_left,
+                window_size_right=window_size_right, seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+        out = torch.empty_like(query)  # the meta function's strides
+        out, lse, rng_state = _forward(query, key, value, cum_seq_q, cum_seq_k, int(max_q), int(max_k), dropout_p,
+                                       is_causal, _scale(scale, query.shape[-1]),
+                                       _window(window_size_left, window_size_right), alibi_slopes, out)
+        seed, offset = _rng_outputs(rng_state, query.device)
+        return out, lse, seed, offset, torch.empty(0, dtype=query.dtype, device=query.device)
+
+    def flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                       dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
+                       window_size_right=None):
+        why = support_error(query, (grad_out, query, key, value, out))
+        if why is not None:
+            _log_fallback("_flash_attention_backward", why)
+            return original["_flash_attention_backward"].call_boxed(
+                keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                is_causal, rng_state, unused, scale=scale, window_size_left=window_size_left,
+                window_size_right=window_size_right)
+        varlen = cum_seq_q is not None and cum_seq_q.numel() > 0
+        return _backward(grad_out, query, key, value, out, logsumexp, cum_seq_q if varlen else None,
+                         cum_seq_k if varlen else None, int(max_q), int(max_k), dropout_p, is_causal,
+                         _scale(scale, query.shape[-1]), _window(window_size_left, window_size_right),
+                         _rng_input(rng_state, dropout_p))
+
+    def sdpa_forward(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
+                     scale=None):
+        why = support_error(query, (query, key, value), return_debug_mask=return_debug_mask)
+        if why is not None:
+            _log_fallback("_scaled_dot_product_flash_attention", why)
+            return original["_scaled_dot_product_flash_attention"].call_boxed(
+                keyset, query, key, value, dropout_p, is_causal, return_debug_mask, scale=scale)
+        # (batch, heads, seqlen, d) -> the kernels' (batch, seqlen, heads, d) views; out in query's strides.
+        out_bhsd = torch.empty_like(query)
+        q, k, v, out_bshd = (t.transpose(1, 2) for t in (query, key, value, out_bhsd))
+        _, lse, rng_state = _forward(q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, is_causal,
+                                     _scale(scale, query.shape[-1]), (-1, -1), None, out_bshd)
+        seed, offset = _rng_outputs(rng_state, query.device)
+        return (out_bhsd, lse, None, None, query.shape[2], key.shape[2], seed, offset,
+                torch.empty(0, dtype=query.dtype, device=query.device))
+
+    def sdpa_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
+                      dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+        why = support_error(query, (grad_out, query, key, value, out))
+        if why is not None:
+            _log_fallback("_scaled_dot_product_flash_attention_backward", why)
+            return original["_scaled_dot_product_flash_attention_backward"].call_boxed(
+                keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                is_causal, philox_seed, philox_offset, scale=scale)
+        t = [x.transpose(1, 2) for x in (grad_out, query, key, value, out)]
+        dq, dk, dv = _backward(*t, logsumexp, None, None, int(max_q), int(max_k), dropout_p, is_causal,
+                               _scale(scale, query.shape[-1]), (-1, -1), _rng_input(philox_seed, dropout_p))
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+
+    lib = Library("aten", "IMPL", "CUDA")  # noqa: TOR901
+    with warnings.catch_warnings():  # overriding PyTorch's kernels is the point
+        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+        for name, fn in zip(_OPS, (flash_forward, flash_backward, sdpa_forward, sdpa_backward)):
+            lib.impl(name, fn, "CUDA", with_keyset=True)
+    return _Handle(lib)
+
+
+def register() -> None:
+    """Make "flash_attn2" available to torch.nn.attention.activate_flash_attention_impl. Idempotent; activates
+    nothing."""
+    from torch.nn.attention import _registry
+
+    _registry.register_flash_attention_impl(NAME, register_fn=_register)
+
+
+register()

@@ -1,0 +1,190 @@
+"""flash_attn2 as PyTorch's SDPA flash backend (flash_attn2/integrations/torch_sdpa.py): the registry on CPU, and
+on the GPU SDPA, varlen_attn and their backward against flash_attn2's direct calls and a float32 reference."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("torch.nn.attention._registry", reason="torch >= 2.11 has the flash-attention registry")
+
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import _registry  # noqa: E402
+
+import flash_attn2  # noqa: E402
+from flash_attn2.integrations import torch_sdpa  # noqa: E402
+from flash_attn2.testing import attention_ref, max_error, within_tolerance  # noqa: E402
+
+OPS = [f"aten::{name}" for name in torch_sdpa._OPS]
+
+
+def _cuda_kernel_is_python(op: str) -> bool:
+    """Whether the op's CUDA kernel is the adapter's (the dispatch table names the file that registered it)."""
+    return "torch_sdpa.py" in [line for line in torch._C._dispatch_dump_table(op).splitlines()
+                               if line.startswith("CUDA:")][0]
+
+
+@pytest.fixture
+def active():
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)
+    yield
+    _registry.restore_flash_attention_impl()
+
+
+def test_registered_not_activated_on_import():
+    assert torch_sdpa.NAME in _registry.list_flash_attention_impls()
+    assert _registry.current_flash_attention_impl() != torch_sdpa.NAME
+    assert not any(_cuda_kernel_is_python(op) for op in OPS)
+
+
+def test_activate_and_restore(active):
+    assert _registry.current_flash_attention_impl() == torch_sdpa.NAME
+    assert all(_cuda_kernel_is_python(op) for op in OPS)
+    _registry.restore_flash_attention_impl()
+    assert not any(_cuda_kernel_is_python(op) for op in OPS)
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)  # twice in a row: the first is restored first
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)
+    assert all(_cuda_kernel_is_python(op) for op in OPS)
+
+
+def test_support_errors():
+    q = torch.zeros(1, 2, 3, 64, dtype=torch.bfloat16)
+    assert "CUDA" in torch_sdpa.support_error(q, (q,))
+    if torch.cuda.is_available():
+        qc = q.cuda()
+        assert "float16 / bfloat16" in torch_sdpa.support_error(qc.float(), (qc.float(),))
+        assert "seqused_k" in torch_sdpa.support_error(qc, (qc,), seqused_k=torch.zeros(1))
+        assert "return_debug_mask" in torch_sdpa.support_error(qc, (qc,), return_debug_mask=True)
+
+
+def test_kernel_ready_rule():
+    x = torch.zeros(2, 8, 4, 64, dtype=torch.bfloat16)
+    assert torch_sdpa._kernel_ready(x) and torch_sdpa._kernel_ready(x.transpose(1, 2))
+    assert not torch_sdpa._kernel_ready(x[..., :60])            # head dim not a multiple of 8
+    assert not torch_sdpa._kernel_ready(x[:, :, :, 1:])          # base off 16 bytes, odd head dim
+    assert not torch_sdpa._kernel_ready(x.expand(2, 8, 4, 64).as_strided((2, 8, 4, 64), (0, 256, 64, 1)))
+
+
+# ---- GPU ----
+
+def _inputs(batch, heads, heads_k, seqlen_q, seqlen_k, d, dtype=torch.bfloat16, grad=True):
+    q = torch.randn(batch, heads, seqlen_q, d, device="cuda", dtype=dtype, requires_grad=grad)
+    k = torch.randn(batch, heads_k, seqlen_k, d, device="cuda", dtype=dtype, requires_grad=grad)
+    v = torch.randn(batch, heads_k, seqlen_k, d, device="cuda", dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_k", [8, 2])
+def test_sdpa_flash_matches_direct_and_reference(active, d, causal, heads_k):
+    if d not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip(f"head dim {d} bf16 not compiled")
+    q, k, v = _inputs(2, 8, heads_k, 300, 517, d)
+    dout = torch.randn(2, 8, 300, d, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=heads_k != 8)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    # flash_attn2 called directly on the (batch, seqlen, heads, d) views: the same kernels, bitwise
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    direct = flash_attn2.flash_attn_func(qt, kt, vt, causal=causal)
+    direct_grads = torch.autograd.grad(direct, (qt, kt, vt), dout.transpose(1, 2))
+    assert torch.equal(out, direct.transpose(1, 2))
+    for g, dg in zip(grads, direct_grads):
+        assert torch.allclose(g, dg.transpose(1, 2), atol=0, rtol=0) or max_error(g, dg.transpose(1, 2)) <= 1e-2
+    ref, _ = attention_ref(qt.float(), kt.float(), vt.float(), causal)
+    lowp, _ = attention_ref(qt.detach(), kt.detach(), vt.detach(), causal, upcast=False)
+    ok, err, err_pt = within_tolerance(out.transpose(1, 2), ref, lowp)
+    assert ok, f"error {err} vs PyTorch's {err_pt}"
+
+
+@pytest.mark.gpu
+def test_deterministic_backward_bitwise(active):
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    q, k, v = _inputs(2, 4, 4, 257, 257, 64)
+    dout = torch.randn_like(q)
+    runs = []
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.gpu
+def test_dropout_reproducible_and_backward_consistent(active):
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    q, k, v = _inputs(2, 4, 4, 128, 128, 64)
+    outs = []
+    for _ in range(2):
+        torch.manual_seed(7)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            outs.append(F.scaled_dot_product_attention(q, k, v, dropout_p=0.3))
+    assert torch.equal(outs[0], outs[1])
+    torch.manual_seed(8)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        other = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3)
+    assert not torch.equal(outs[0], other)
+    # The backward redraws the forward's mask from SDPA's rng_state: finite-difference-free check through the
+    # direct call with the same seed.
+    torch.manual_seed(7)
+    qt, kt, vt = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    direct = flash_attn2.flash_attn_func(qt, kt, vt, dropout_p=0.3)
+    assert torch.equal(outs[0], direct.transpose(1, 2))
+    dout = torch.randn_like(outs[0])
+    g = torch.autograd.grad(outs[0], (q, k, v), dout)
+    dg = torch.autograd.grad(direct, (qt, kt, vt), dout.transpose(1, 2))
+    for a, b in zip(g, dg):
+        assert max_error(a, b.transpose(1, 2)) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_varlen_attn_matches_direct(active):
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    from torch.nn.attention.varlen import varlen_attn
+    lens = [17, 300, 1, 64]
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
+    q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = varlen_attn(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
+    direct = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    assert max_error(out, direct) <= 1e-2 if not torch.equal(out, direct) else True
+    dout = torch.randn_like(out)
+    g = torch.autograd.grad(out, (q, k, v), dout)
+    dg = torch.autograd.grad(direct, (q, k, v), dout)
+    for a, b in zip(g, dg):
+        assert max_error(a, b) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_restore_gives_pytorch_kernels_back():
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    q, k, v = _inputs(1, 2, 2, 64, 64, 64, grad=False)
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)
+    _registry.restore_flash_attention_impl()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            F.scaled_dot_product_attention(q, k, v)
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events())
+    assert "flash_attn2" not in names
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                F.scaled_dot_product_attention(q, k, v)
+            torch.cuda.synchronize()
+    finally:
+        _registry.restore_flash_attention_impl()
+    names = " ".join(e.name for e in prof.events())
+    assert "flash_attn2" in names and "pytorch_flash" not in names
