@@ -201,7 +201,7 @@ def _register() -> _Handle:
 
     lib = Library("aten", "IMPL", "CUDA")  # noqa: TOR901
     with warnings.catch_warnings():  # overriding PyTorch's kernels is the point
-        warnings.filterwarnings("ignore", message=".*Overriding a previously registered kernel")
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
         for name, fn in zip(_OPS, (flash_forward, flash_backward, sdpa_forward, sdpa_backward)):
             lib.impl(name, fn, "CUDA", with_keyset=True)
     return _Handle(lib)
