@@ -115,3 +115,14 @@ def test_decode_summary_against_cudnn():
     text = decode.summary(rows)
     assert "geomean 1.265 over 2 cells" in text and "min 0.800" in text and "ctx 1024" in text
     assert "no cell" in decode.summary(rows[:1])
+
+
+def test_sdpa_flash_attn2_runs_inside_its_activation():
+    from torch.nn.attention import _registry
+    seen = []
+    run = grid.on_path("sdpa_flash_attn2", lambda: (lambda: seen.append(_registry.current_flash_attention_impl())))
+    assert _registry.current_flash_attention_impl() is None  # made inside the context, restored after
+    with grid.run_context(run):
+        run()
+    run()  # outside its context: PyTorch's own (what time_interleaved never does)
+    assert seen == ["flash_attn2", None] and _registry.current_flash_attention_impl() is None

@@ -33,6 +33,8 @@ SDPA_BACKENDS = {
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION,
+    # SDPA's flash backend with flash_attn2 activated in torch's flash-attention registry (integrations/torch_sdpa.py)
+    "sdpa_flash_attn2": SDPBackend.FLASH_ATTENTION,
 }
 # flash_attn2 on its default path, and on its SM80 one where a build has both (FLASH_ATTN2_SM80=1).
 FLASH_ATTN2_BACKENDS = {"flash_attn2": None, "flash_attn2_sm80": "sm80"}
@@ -97,8 +99,35 @@ def time_interleaved(runs, reps, rounds=3):
     for r in range(rounds):
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
-            times[name].append(median_ms(runs[name], reps=reps))
+            with run_context(runs[name]):
+                times[name].append(median_ms(runs[name], reps=reps))
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+@contextlib.contextmanager
+def sdpa_flash_attn2():
+    """flash_attn2 activated as SDPA's flash implementation for the calls inside, PyTorch's own after."""
+    try:
+        from torch.nn.attention import _registry
+
+        from ..integrations import torch_sdpa
+    except ImportError as e:  # run_grid skips an impl that raises RuntimeError
+        raise RuntimeError(f"sdpa_flash_attn2 needs torch's flash-attention registry (torch >= 2.11): {e}") from e
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)
+    try:
+        yield
+    finally:
+        _registry.restore_flash_attention_impl()
+
+
+# Implementations that run inside a context (entered once around a run's timing, not per call: activating the
+# SDPA registry costs more host time than a small call).
+IMPL_CONTEXTS = {"sdpa_flash_attn2": sdpa_flash_attn2}
+
+
+def run_context(run):
+    """The context a run is made, warmed up and timed in (on_path attaches it), or none."""
+    return getattr(run, "context", contextlib.nullcontext)()
 
 
 @contextlib.contextmanager
@@ -132,6 +161,14 @@ def make_fn(impl, q, k, v, causal):
 def on_path(impl, make_run):
     """make_run()'s run, made and timed with flash_attn2's path for impl set (FLASH_ATTN2_BACKEND): a bwd run's
     forward happens as it is made, and the backward reads the variable each time it runs."""
+    if impl in IMPL_CONTEXTS:
+        with IMPL_CONTEXTS[impl]():
+            run = make_run()
+
+        def in_context():
+            return run()
+        in_context.context = IMPL_CONTEXTS[impl]
+        return in_context
     backend = FLASH_ATTN2_BACKENDS.get(impl)
     if backend is None:
         return make_run()
@@ -179,7 +216,8 @@ def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3,
                             try:
                                 fn = make_fn(impl, q, k, v, causal)
                                 runs[impl] = on_path(impl, lambda: pass_fn(fn, pass_, (q, k, v), dout))
-                                runs[impl]()
+                                with run_context(runs[impl]):
+                                    runs[impl]()
                             except RuntimeError as e:  # a backend that does not support this shape
                                 runs.pop(impl, None)
                                 log(f"  {impl} {pass_} skipped at {dtype_name} d={hdim} causal={causal} s={seqlen}: "

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from ..flash_attn_interface import flash_attn_func, flash_attn_varlen_func
-from .grid import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, on_path, pass_fn, save,
+from .grid import (FLASH_ATTN2_BACKENDS, SDPA_BACKENDS, add_run_args, on_path, pass_fn, run_context, save,
                    time_interleaved, warm_up_gpu)
 
 # name: (query heads, key/value heads, head dim)
@@ -161,7 +161,8 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
                             break
                         try:
                             runs[impl] = make_run(impl, *made, pass_, dout)
-                            runs[impl]()
+                            with run_context(runs[impl]):
+                                runs[impl]()
                             break
                         except RuntimeError as e:  # a backend that does not take this shape
                             runs.pop(impl, None)
