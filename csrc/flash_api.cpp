@@ -505,7 +505,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
   TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "flash_attn2: q, k_cache and v_cache must be 4-D");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "flash_attn2: k_cache and v_cache must have the same shape");
   const int64_t batch = q.size(0), head_dim = q.size(3);
-  TORCH_CHECK(k_cache.size(3) == head_dim && q.size(2) % k_cache.size(2) == 0 && batch > 0,
+  TORCH_CHECK(k_cache.size(2) > 0 && k_cache.size(3) == head_dim && q.size(2) % k_cache.size(2) == 0 && batch > 0,
               "flash_attn2: k_cache must be (batch_cache, seqlen_cache, nheads_k, headdim) with q's headdim");
   TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) == batch,
               "flash_attn2: k_cache's batch must be q's without cache_batch_idx");

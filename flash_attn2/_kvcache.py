@@ -169,7 +169,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     softcap = _softcap(softcap)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     seqlen_k = k_cache.shape[1]
-    causal, left, right = _window(bool(causal), window_size, q.shape[1], seqlen_k)
+    # flash-attn's kvcache rule: a side at least as wide as the cache is no window. (The kernels' masks treat a right
+    # side >= seqlen_q as unbounded anyway; kept as given, it still makes the call windowed, which places q's rotary
+    # positions per row, as flash-attn does.)
+    causal, left, right = _window(bool(causal), window_size, seqlen_k, seqlen_k)
     if not q.is_cuda:
         raise ValueError(f"flash_attn2: q, k_cache, v_cache must be CUDA tensors, got device {q.device}")
     out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,

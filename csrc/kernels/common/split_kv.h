@@ -20,7 +20,8 @@ __host__ __device__ inline int split_pack(const FwdParams& p) {
 
 // Grid: x the packed query tiles, y the splits, z (batch, head group).
 struct SplitGrid {
-  int m_blocks, splits, groups;  // groups: batch * num_heads / pack
+  int m_blocks, splits;
+  int64_t groups;  // batch * num_heads / pack; the grid's z holds at most 65535 of them, the kernels loop over the rest
 };
 
 __host__ __device__ inline SplitGrid split_grid(const FwdParams& p, int block_m, int splits) {
@@ -28,7 +29,7 @@ __host__ __device__ inline SplitGrid split_grid(const FwdParams& p, int block_m,
   const int64_t rows = int64_t(p.seqlen_q) * pack;
   // At least one tile: with varlen, seqlen_q is a hint (0 allowed) and the tiles loop over the rows past it.
   const int64_t m_blocks = (rows + block_m - 1) / block_m;
-  return {int(m_blocks > 1 ? m_blocks : 1), splits, p.batch * (p.num_heads / pack)};
+  return {int(m_blocks > 1 ? m_blocks : 1), splits, int64_t(p.batch) * (p.num_heads / pack)};
 }
 
 // The key blocks of split `split` of `splits` over blocks [n_min, n_max): equal shares of ceil(n / splits),

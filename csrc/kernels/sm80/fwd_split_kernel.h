@@ -47,18 +47,30 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
   return cute::make_tensor(t.data() + offset, t.layout());
 }
 
-// Rows the grid's tiles do not reach: with varlen, max_seqlen_q is a hint, and a sequence longer than it has
-// packed rows past the tiles the grid holds (blockIdx.x). The grid's tiles loop over them (rarely more than
-// once); a tile past the hint's rows has no partials to go to, so split 0 takes it whole and writes out directly.
-__device__ inline bool split_tile_direct(const FwdParams& p, int row0, int pack, int splits) {
-  return splits == 1 || int64_t(row0) >= int64_t(p.seqlen_q) * pack;
+// The row tiles of one (batch entry, head group) that block (blockIdx.x, split) takes, as fn(row0, row_end, direct):
+// with several splits, the rows below the hint (seqlen_q: varlen's max_seqlen_q) in tiles that stop at it, each split
+// its share of the keys into partials; then the rows past the hint (a varlen sequence longer than the hint says),
+// which have no partial rows to go to, by split 0 alone over all keys, written out directly. With one split, every
+// row directly. The grid's tiles loop (blockIdx.x, gridDim.x) over what they do not reach at once.
+template <int kBlockM, class Fn>
+__device__ __forceinline__ void for_each_split_tile(const FwdParams& p, int64_t rows, int pack, int split, int splits,
+                                                    Fn&& fn) {
+  const int64_t step = int64_t(gridDim.x) * kBlockM;
+  const int64_t hint_rows = splits == 1 ? 0 : min(rows, int64_t(p.seqlen_q) * pack);
+  for (int64_t row0 = int64_t(blockIdx.x) * kBlockM; row0 < hint_rows; row0 += step) {
+    fn(row0, min(row0 + kBlockM, hint_rows), false);
+  }
+  if (split != 0) return;
+  for (int64_t row0 = hint_rows + int64_t(blockIdx.x) * kBlockM; row0 < rows; row0 += step) {
+    fn(row0, min(row0 + kBlockM, rows), true);
+  }
 }
 
 // Varlen: the rows no sequence covers get out 0 and LSE -inf, by the (split 0, tile 0) blocks of batch entry 0
 // (one per head group, each filling its group's heads).
 template <class Element>
-__device__ void split_zero_uncovered(const FwdParams& p, int head0, int pack, int threads) {
-  if (p.cu_seqlens_q == nullptr || blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z >= unsigned(p.num_heads / pack)) return;
+__device__ void split_zero_uncovered(const FwdParams& p, int bidb, int head0, int pack, int threads) {
+  if (p.cu_seqlens_q == nullptr || blockIdx.x != 0 || blockIdx.y != 0 || bidb != 0) return;
   const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
   for (int h = head0; h < head0 + pack; ++h) {
     uncovered.zero_fill(static_cast<Element*>(p.out) + int64_t(h) * p.o_head_stride, p.o_row_stride, p.head_dim,
@@ -66,11 +78,11 @@ __device__ void split_zero_uncovered(const FwdParams& p, int head0, int pack, in
   }
 }
 
-// One 64-row tile of packed rows [row0, row0 + 64) of batch entry bidb's head group head0: split `split` of
-// `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse.
+// One 64-row tile of packed rows [row0, row_end) (row_end <= row0 + 64) of batch entry bidb's head group head0: split
+// `split` of `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse.
 template <class Traits, bool kExtended>
 __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
-                                               int row0, int split, int splits, bool direct) {
+                                               int64_t row0, int64_t row_end, int split, int splits, bool direct) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -81,11 +93,10 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   const int tid = threadIdx.x;
   const int pack = split_pack(params);
   const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
-  const int rows = seq.len_q * pack;  // this batch entry's packed rows; row0 < rows
+  const int tile_rows = int(row_end - row0);  // 1..kBlockM
   const Window window(seq.len_q, seq.len_k, params);
   // The tile's query rows, first and last, bound its key blocks; the split takes its share of them.
-  const BlockRange blocks = fwd_block_range_rows<kBlockN, kExtended>(
-      window, row0 / pack, (min(row0 + kBlockM, rows) - 1) / pack);
+  const BlockRange blocks = fwd_block_range_rows<kBlockN, kExtended>(window, int(row0 / pack), int((row_end - 1) / pack));
   const SplitBlocks mine = direct ? SplitBlocks{blocks.n_min, blocks.n_max}
                                   : split_blocks(blocks.n_min, blocks.n_max, split, splits);
 
@@ -104,8 +115,8 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutQ{});    // (kBlockM, D), once Q is done
 
   // Packed row r of the tile: query row (row0 + r) / pack of head head0 + (row0 + r) % pack.
-  auto query_of = [&](int r) { return (row0 + r) / pack; };
-  auto head_of = [&](int r) { return head0 + (row0 + r) % pack; };
+  auto query_of = [&](int r) { return int((row0 + r) / pack); };
+  auto head_of = [&](int r) { return head0 + int((row0 + r) % pack); };
 
   // Q: gathered row by row (the rows of a tile belong to different heads), 16 bytes per copy; zeros past the
   // rows and the head dim. Stored synchronously: it is small, and the first step's barrier publishes it.
@@ -113,7 +124,7 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   for (int idx = tid; idx < kBlockM * kChunks; idx += kNThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     uint4 value = {0, 0, 0, 0};
-    if (row0 + r < rows && c * 8 < params.head_dim) {
+    if (r < tile_rows && c * 8 < params.head_dim) {
       value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) +
                                               seq.q_offset(params, query_of(r), head_of(r)) + c * 8);
     }
@@ -196,7 +207,7 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
     clear(acc_s);
     gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, at_offset(tSsK, offset), smem_copy_k);
     Tensor S = rowcol_view(acc_s);
-    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, row0, n_block * kBlockN);
+    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, int(row0), n_block * kBlockN);
     if (n_block >= blocks.n_masked_min || (kExtended && n_block < blocks.n_unmasked_min)) mask(S, n_block * kBlockN);
     Tensor O = rowcol_view(acc_o);
     softmax.update(S, O);
@@ -222,7 +233,7 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int tile_row = get<0>(tOcO(r, 0));
-      if (row0 + tile_row >= rows) continue;
+      if (tile_row >= tile_rows) continue;
       const int64_t row = split_row(params, split, bidb, head_of(tile_row), query_of(tile_row));
       if (quad_leader) accum_lse[row] = row_lse[r];
       CUTE_UNROLL
@@ -236,18 +247,21 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   Tensor rO = convert_fragment<Element>(acc_o);
   auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomC{}, mma);
   auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  // sO is sQ, whose rows every thread stored: with no key block (no barrier in the loop) a late Q store could
+  // land on a finished O row.
+  __syncthreads();
   cute::copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
   if (quad_leader) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int tile_row = get<0>(tScS(r, 0));
-      if (row0 + tile_row < rows) params.lse[seq.lse_offset(params, query_of(tile_row), head_of(tile_row))] = row_lse[r];
+      if (tile_row < tile_rows) params.lse[seq.lse_offset(params, query_of(tile_row), head_of(tile_row))] = row_lse[r];
     }
   }
   __syncthreads();
   for (int idx = tid; idx < kBlockM * kChunks; idx += kNThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
-    if (row0 + r < rows && c * 8 < params.head_dim) {
+    if (r < tile_rows && c * 8 < params.head_dim) {
       *reinterpret_cast<uint4*>(static_cast<Element*>(params.out) + seq.o_offset(params, query_of(r), head_of(r)) +
                                 c * 8) = *reinterpret_cast<const uint4*>(&sO(r, c * 8));
     }
@@ -262,15 +276,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
   griddep_launch_dependents();
   const int split = blockIdx.y, splits = gridDim.y;
   const int pack = split_pack(params), groups = params.num_heads / pack;
-  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
-  split_zero_uncovered<typename Traits::Element>(params, head0, pack, Traits::kNThreads);
-  const SplitSeq seq(params, bidb);
-  const int rows = seq.len_q * pack;
-  for (int row0 = blockIdx.x * Traits::kBlockM; row0 < rows; row0 += gridDim.x * Traits::kBlockM) {
-    const bool direct = split_tile_direct(params, row0, pack, splits);
-    if (direct && splits > 1 && split != 0) continue;
-    __syncthreads();  // the previous tile's epilogue is done with shared memory
-    fwd_split_tile<Traits, kExtended>(params, seq, bidb, head0, row0, split, splits, direct);
+  // (batch entry, head group) pairs: blockIdx.z, then gridDim.z on (the grid holds at most 65535).
+  for (int64_t z = blockIdx.z; z < int64_t(params.batch) * groups; z += gridDim.z) {
+    const int bidb = int(z / groups), head0 = int(z % groups) * pack;
+    split_zero_uncovered<typename Traits::Element>(params, bidb, head0, pack, Traits::kNThreads);
+    const SplitSeq seq(params, bidb);
+    for_each_split_tile<Traits::kBlockM>(params, int64_t(seq.len_q) * pack, pack, split, splits,
+                                         [&](int64_t row0, int64_t row_end, bool direct) {
+      __syncthreads();  // the previous tile's epilogue is done with shared memory
+      fwd_split_tile<Traits, kExtended>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
+    });
   }
 }
 
@@ -322,10 +337,11 @@ __device__ __forceinline__ void warp_gemm_rs(Mma const& mma, Acc& acc, RegA cons
   }
 }
 
-// One 16-row tile of packed rows [row0, row0 + 16) (fwd_split_tile's arguments).
+// One 16-row tile of packed rows [row0, row_end) (fwd_split_tile's arguments).
 template <class Traits, bool kExtended>
 __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
-                                                      int row0, int split, int splits, bool direct) {
+                                                      int64_t row0, int64_t row_end, int split, int splits,
+                                                      bool direct) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kChunk = Traits::kChunk, kHeadDim = Traits::kHeadDim;
@@ -336,13 +352,13 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int pack = split_pack(params);
   const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
-  const int rows = seq.len_q * pack, tile_rows = min(kBlockM, rows - row0);  // row0 < rows
+  const int tile_rows = int(row_end - row0);  // 1..16
   const Window window(seq.len_q, seq.len_k, params);
-  const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, row0 / pack, (row0 + tile_rows - 1) / pack);
+  const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, int(row0 / pack), int((row_end - 1) / pack));
   const SplitBlocks mine = direct ? SplitBlocks{blocks.n_min, blocks.n_max}
                                   : split_blocks(blocks.n_min, blocks.n_max, split, splits);
-  auto query_of = [&](int r) { return (row0 + r) / pack; };
-  auto head_of = [&](int r) { return head0 + (row0 + r) % pack; };
+  auto query_of = [&](int r) { return int((row0 + r) / pack); };
+  auto head_of = [&](int r) { return head0 + int((row0 + r) % pack); };
 
   Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + seq.k_offset + bidh_k * params.k_head_stride,
                                   seq.len_k, params.k_row_stride);  // (len_k, D)
@@ -432,7 +448,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
     clear(acc_s);
     warp_gemm_rs(mma, acc_s, tSrQ, tSrK, at_offset(tSsK, offset), smem_copy_k, lane);
     Tensor S = rowcol_view(acc_s);
-    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, row0, n * kChunk);
+    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, int(row0), n * kChunk);
     if (n >= blocks.n_masked_min || (kExtended && n < blocks.n_unmasked_min)) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -513,15 +529,15 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
   griddep_launch_dependents();
   const int split = blockIdx.y, splits = gridDim.y;
   const int pack = split_pack(params), groups = params.num_heads / pack;
-  const int bidb = blockIdx.z / groups, head0 = (blockIdx.z % groups) * pack;
-  split_zero_uncovered<typename Traits::Element>(params, head0, pack, 128);
-  const SplitSeq seq(params, bidb);
-  const int rows = seq.len_q * pack;
-  for (int row0 = blockIdx.x * Traits::kBlockM; row0 < rows; row0 += gridDim.x * Traits::kBlockM) {
-    const bool direct = split_tile_direct(params, row0, pack, splits);
-    if (direct && splits > 1 && split != 0) continue;
-    __syncthreads();  // the previous tile's merge is done with shared memory
-    fwd_split_narrow_tile<Traits, kExtended>(params, seq, bidb, head0, row0, split, splits, direct);
+  for (int64_t z = blockIdx.z; z < int64_t(params.batch) * groups; z += gridDim.z) {  // as fwd_split_kernel
+    const int bidb = int(z / groups), head0 = int(z % groups) * pack;
+    split_zero_uncovered<typename Traits::Element>(params, bidb, head0, pack, 128);
+    const SplitSeq seq(params, bidb);
+    for_each_split_tile<Traits::kBlockM>(params, int64_t(seq.len_q) * pack, pack, split, splits,
+                                         [&](int64_t row0, int64_t row_end, bool direct) {
+      __syncthreads();  // the previous tile's merge is done with shared memory
+      fwd_split_narrow_tile<Traits, kExtended>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
+    });
   }
 }
 

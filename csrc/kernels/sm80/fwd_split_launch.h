@@ -24,9 +24,10 @@ cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& p
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (grid.groups == 0) return cudaSuccess;
-  if (grid.groups > 65535 || grid.splits > 65535) return cudaErrorInvalidValue;
-  if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, grid.groups), dim3(128), kSmemBytes,
-                                     stream, params)) {
+  if (grid.splits > 65535) return cudaErrorInvalidValue;
+  const unsigned z = unsigned(grid.groups < 65535 ? grid.groups : 65535);  // the kernel loops over the rest
+  if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, z), dim3(128), kSmemBytes, stream,
+                                     params)) {
     return err;
   }
   return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
@@ -35,7 +36,10 @@ cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& p
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
   if constexpr (fwd_split_narrow_stages(kHeadDim) > 0) {
-    if (int64_t(params.seqlen_q) * split_pack(params) <= kFwdSplitNarrowRows) {
+    using Narrow = FwdSplitNarrowTraits<kHeadDim, ElementOf<kDType>, fwd_split_narrow_stages(kHeadDim)>;
+    // Where its buffers fit (100 KB at d 128: not the 99 KB of sm_86/89, which take the 64-row tile).
+    if (int64_t(params.seqlen_q) * split_pack(params) <= kFwdSplitNarrowRows &&
+        Narrow::kSmemBytes <= plan.device.tile_smem_limit) {
       return launch_fwd_split_narrow<kHeadDim, kDType>(params, plan, stream);
     }
   }
@@ -45,10 +49,11 @@ cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cu
   constexpr int kSmemBytes = Traits::kSmemBytes;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
-  if (int64_t(grid.m_blocks) * grid.groups == 0) return cudaSuccess;
-  if (grid.groups > 65535 || grid.splits > 65535) return cudaErrorInvalidValue;
-  if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, grid.groups), dim3(Traits::kNThreads),
-                                     kSmemBytes, stream, params)) {
+  if (grid.groups == 0) return cudaSuccess;
+  if (grid.splits > 65535) return cudaErrorInvalidValue;
+  const unsigned z = unsigned(grid.groups < 65535 ? grid.groups : 65535);  // the kernel loops over the rest
+  if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, z), dim3(Traits::kNThreads), kSmemBytes,
+                                     stream, params)) {
     return err;
   }
   return plan.kv_splits > 1 ? launch_fwd_combine(params, plan.kv_splits, stream) : cudaSuccess;
