@@ -217,8 +217,14 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) return "dropout_p must be in [0, 1)";
   if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const bool kv_cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr;
-  if (varlen && kv_cache) return "seqused_k, leftpad_k and kv_batch_idx need a fixed-length call (cu_seqlens unset)";
+  const bool kv_cache =
+      p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
+  if (varlen && kv_cache) {
+    return "seqused_k, leftpad_k, kv_batch_idx and page_table need a fixed-length call (cu_seqlens unset)";
+  }
+  if (p.page_table != nullptr && (p.page_size < 1 || p.num_pages < 1 || p.kv_batch_idx != nullptr)) {
+    return "page_table needs page_size >= 1 and num_pages >= 1, and no kv_batch_idx";
+  }
   if (p.dropout_p > 0.f && (kv_cache || p.kv_splits > 1)) return "dropout_p must be 0 with a KV cache or kv_splits > 1";
   if (p.kv_splits < 0 || p.kv_splits > kMaxKvSplits) return "kv_splits must be in 0..kMaxKvSplits (128)";
   if (p.seqused_k_add < 0) return "seqused_k_add must be >= 0";
@@ -226,10 +232,12 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";
   if (varlen ? (p.total_q < 0 || p.total_k < 0 || p.total_q > kMaxSeqlen || p.total_k > kMaxSeqlen)
              : (p.total_q != int64_t(p.batch) * p.seqlen_q ||
-                p.total_k != int64_t(p.kv_batch_idx != nullptr ? p.kv_batch : p.batch) * p.seqlen_k)) {
+                p.total_k != (p.page_table != nullptr ? int64_t(p.num_pages) * p.page_size
+                                                      : int64_t(p.kv_batch_idx != nullptr ? p.kv_batch : p.batch) *
+                                                            p.seqlen_k))) {
     return varlen ? "total_q and total_k must be in 0..kMaxSeqlen"
                   : "total_q and total_k must be batch * seqlen_q and batch * seqlen_k (kv_batch * seqlen_k with "
-                    "kv_batch_idx)";
+                    "kv_batch_idx, num_pages * page_size with page_table)";
   }
   return "";
 }
@@ -238,7 +246,10 @@ std::string fwd_params_problem(const FwdParams& p) {
 // calls without dropout whose packed query rows fit one tile (decode: a few query rows per kv head), where the
 // training kernels would fill a 128-row tile with one row per head and read each key once per query head.
 bool uses_split_kernel(const FwdParams& p) {
-  if (p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.kv_splits > 1) return true;
+  if (p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr ||
+      p.kv_splits > 1) {
+    return true;
+  }
   if (p.dropout_p > 0.f) return false;
   return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
@@ -338,6 +349,9 @@ cudaError_t run_kv_append(const KvAppendParams& p, cudaStream_t stream) {
                              p.cache_seqlen < 0 || (p.cache_batch_idx != nullptr && p.cache_batch < 1))) {
     return fail(cudaErrorInvalidValue, "k_new needs v_new, k_cache, v_cache, seqlen_new >= 0, cache_seqlen >= 0 and, "
                                        "with cache_batch_idx, cache_batch >= 1");
+  }
+  if (p.page_table != nullptr && (p.page_size < 1 || p.num_pages < 1 || p.cache_batch_idx != nullptr)) {
+    return fail(cudaErrorInvalidValue, "page_table needs page_size >= 1 and num_pages >= 1, and no cache_batch_idx");
   }
   const bool rotary = p.rotary_dim > 0;
   if (rotary && (p.rotary_cos == nullptr || p.rotary_sin == nullptr || p.rotary_dim % 2 != 0 ||

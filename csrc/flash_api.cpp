@@ -499,7 +499,8 @@ void check_int_rows(const OptTensor& t, const char* name, int64_t batch, const T
 std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const OptTensor& k,
                                        const OptTensor& v, const OptTensor& rotary_cos, const OptTensor& rotary_sin,
                                        const OptTensor& cache_seqlens, const OptTensor& cache_batch_idx,
-                                       const OptTensor& cache_leftpad, double softmax_scale, bool causal,
+                                       const OptTensor& cache_leftpad, const OptTensor& block_table,
+                                       double softmax_scale, bool causal,
                                        int64_t window_left, int64_t window_right, double softcap,
                                        bool rotary_interleaved, const OptTensor& alibi_slopes, int64_t num_splits) {
   TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "flash_attn2: q, k_cache and v_cache must be 4-D");
@@ -507,8 +508,18 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
   const int64_t batch = q.size(0), head_dim = q.size(3);
   TORCH_CHECK(k_cache.size(2) > 0 && k_cache.size(3) == head_dim && q.size(2) % k_cache.size(2) == 0 && batch > 0,
               "flash_attn2: k_cache must be (batch_cache, seqlen_cache, nheads_k, headdim) with q's headdim");
-  TORCH_CHECK(cache_batch_idx.has_value() || k_cache.size(0) == batch,
-              "flash_attn2: k_cache's batch must be q's without cache_batch_idx");
+  const bool paged = block_table.has_value();
+  TORCH_CHECK(paged || cache_batch_idx.has_value() || k_cache.size(0) == batch,
+              "flash_attn2: k_cache's batch must be q's without cache_batch_idx or block_table");
+  if (paged) {
+    TORCH_CHECK(!cache_batch_idx.has_value(), "flash_attn2: block_table and cache_batch_idx exclude each other");
+    TORCH_CHECK(block_table->scalar_type() == at::kInt && block_table->dim() == 2 && block_table->size(0) == batch &&
+                    block_table->size(1) > 0 && block_table->stride(1) == 1 && block_table->device() == q.device(),
+                "flash_attn2: block_table must be a (batch, max_pages) int32 tensor on q's device, rows contiguous");
+    TORCH_CHECK(k_cache.size(0) > 0 && k_cache.size(1) > 0, "flash_attn2: a paged cache needs pages of >= 1 row");
+    TORCH_CHECK(block_table->size(1) * k_cache.size(1) <= flash_attn2::kMaxSeqlen,
+                "flash_attn2: block_table's capacity (max_pages * page_size) must be at most 2**31-2**16 rows");
+  }
   for (const Tensor* t : {&k_cache, &v_cache}) {
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device() && t->stride(-1) == 1,
                 "flash_attn2: k_cache / v_cache must have q's dtype and device and a contiguous last dim");
@@ -543,6 +554,11 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
     a.vc_batch_stride = vc.stride(0), a.vc_row_stride = vc.stride(1), a.vc_head_stride = vc.stride(2);
     a.cache_seqlens = cache_seqlens->data_ptr<int>();
     a.cache_batch_idx = cache_batch_idx.has_value() ? cache_batch_idx->data_ptr<int>() : nullptr;
+    if (paged) {
+      a.page_table = block_table->data_ptr<int>(), a.page_table_batch_stride = block_table->stride(0);
+      a.page_size = int(kc.size(1)), a.num_pages = int(std::min<int64_t>(kc.size(0), INT32_MAX));
+      a.cache_seqlen = int(block_table->size(1) * kc.size(1));
+    }
     Tensor q_rot;
     if (rotary_cos.has_value()) {
       TORCH_CHECK(rotary_sin.has_value() && rotary_cos->dim() == 2 && rotary_sin->sizes() == rotary_cos->sizes() &&
@@ -581,6 +597,12 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
     if (cache_batch_idx.has_value()) {
       p.kv_batch_idx = cache_batch_idx->data_ptr<int>();
       p.kv_batch = int(kc.size(0));
+    }
+    if (paged) {  // k / v are pages; the table's capacity is the sequences' length bound
+      p.page_table = block_table->data_ptr<int>(), p.page_table_batch_stride = block_table->stride(0);
+      p.page_size = int(kc.size(1)), p.num_pages = int(std::min<int64_t>(kc.size(0), INT32_MAX));
+      p.seqlen_k = int(block_table->size(1) * kc.size(1));
+      p.total_k = int64_t(p.num_pages) * p.page_size;
     }
     p.kv_splits = int(num_splits);
     run_fwd_with_splits(p, q);
@@ -736,7 +758,7 @@ TORCH_LIBRARY(flash_attn2, m) {
   // flash_attn_with_kvcache (forward only): writes k / v into k_cache / v_cache at cache_seqlens, then attends.
   m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
         "Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
-        "float softmax_scale, bool causal, int window_left, int window_right, float softcap, bool rotary_interleaved, "
+        "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, bool rotary_interleaved, "
         "Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)");
 }
 

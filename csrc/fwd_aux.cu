@@ -107,11 +107,16 @@ __global__ void kv_append_kernel(const __grid_constant__ KvAppendParams p) {
     const int b = int(item / p.num_heads_k / p.seqlen_new);
     const int64_t dst_row = clamp(p.cache_seqlens[b], 0, p.cache_seqlen) + j;
     if (dst_row >= p.cache_seqlen) return;  // past the cache: not written
-    const int cb = p.cache_batch_idx != nullptr ? int(clamp(p.cache_batch_idx[b], 0, p.cache_batch - 1)) : b;
+    // Where logical row dst_row lives: (cache batch entry, row), or through the page table (page, row in it).
+    int64_t entry = p.cache_batch_idx != nullptr ? clamp(p.cache_batch_idx[b], 0, p.cache_batch - 1) : b, row = dst_row;
+    if (p.page_table != nullptr) {
+      entry = clamp(p.page_table[b * p.page_table_batch_stride + dst_row / p.page_size], 0, p.num_pages - 1);
+      row = dst_row % p.page_size;
+    }
     const T* k = static_cast<const T*>(p.k_new) + b * p.kn_batch_stride + j * p.kn_row_stride + h * p.kn_head_stride;
     const T* v = static_cast<const T*>(p.v_new) + b * p.vn_batch_stride + j * p.vn_row_stride + h * p.vn_head_stride;
-    T* kc = static_cast<T*>(p.k_cache) + cb * p.kc_batch_stride + dst_row * p.kc_row_stride + h * p.kc_head_stride;
-    T* vc = static_cast<T*>(p.v_cache) + cb * p.vc_batch_stride + dst_row * p.vc_row_stride + h * p.vc_head_stride;
+    T* kc = static_cast<T*>(p.k_cache) + entry * p.kc_batch_stride + row * p.kc_row_stride + h * p.kc_head_stride;
+    T* vc = static_cast<T*>(p.v_cache) + entry * p.vc_batch_stride + row * p.vc_row_stride + h * p.vc_head_stride;
     if (rotary) {
       const int64_t pos = clamp(dst_row, 0, p.seqlen_ro - 1);
       rotate_row(k, kc, p.head_dim, p.rotary_dim, p.interleaved, static_cast<const T*>(p.rotary_cos) + pos * p.cos_row_stride,

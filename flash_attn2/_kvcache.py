@@ -13,9 +13,9 @@ import operator
 import torch
 
 from . import _ops
-from ._checks import DTYPES, MAX_HEAD_DIM, check_alibi_slopes
+from ._checks import DTYPES, MAX_HEAD_DIM, MAX_SEQLEN, check_alibi_slopes
 # Imported at the end of flash_attn_interface, after these are defined there.
-from .flash_attn_interface import _check_unsupported, _softcap, _softmax_scale, _window
+from .flash_attn_interface import _softcap, _softmax_scale, _window
 
 MAX_SPLITS = 128  # flash_attn2.h: kMaxKvSplits
 
@@ -39,7 +39,7 @@ def _int_rows(t, name, batch, q):
 
 
 def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  alibi_slopes, num_splits):
+                  alibi_slopes, num_splits, block_table=None):
     """Every tensor argument of flash_attn_with_kvcache (metadata only: no value is read)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _tensor(t, name)
@@ -68,12 +68,30 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         raise ValueError(f"flash_attn2: k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
     batch_cache, seqlen_cache, heads_k, head_dim_k = k_cache.shape
+    if block_table is not None:  # k_cache: (num_pages, page_size, nheads_k, headdim); capacity: max_pages * page_size
+        _tensor(block_table, "block_table")
+        if block_table.dtype != torch.int32:
+            raise TypeError(f"flash_attn2: block_table must be int32, got {block_table.dtype}")
+        if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
+            raise ValueError(f"flash_attn2: block_table must be (batch, max_pages) = ({batch}, max_pages >= 1), got "
+                             f"shape {tuple(block_table.shape)}")
+        if block_table.stride(-1) != 1:
+            raise ValueError(f"flash_attn2: block_table must have contiguous rows (stride 1), got strides "
+                             f"{tuple(block_table.stride())}")
+        if block_table.device != q.device:
+            raise ValueError(f"flash_attn2: block_table must be on q's device {q.device}, got {block_table.device}")
+        if cache_batch_idx is not None:
+            raise ValueError("flash_attn2: cache_batch_idx cannot be combined with block_table (a paged cache)")
+        if seqlen_cache == 0 or batch_cache == 0:
+            raise ValueError(f"flash_attn2: a paged k_cache must be (num_pages >= 1, page_size >= 1, nheads_k, headdim),"
+                             f" got {tuple(k_cache.shape)}")
+        seqlen_cache *= block_table.shape[1]
     if head_dim_k != head_dim:
         raise ValueError(f"flash_attn2: k_cache's head dim must equal q's ({head_dim}), got {head_dim_k}")
     if heads_k == 0 or heads % heads_k != 0:
         raise ValueError(f"flash_attn2: q's nheads ({heads}) must be a positive multiple of k_cache's nheads "
                          f"({heads_k})")
-    if cache_batch_idx is None and batch_cache != batch:
+    if cache_batch_idx is None and block_table is None and batch_cache != batch:
         raise ValueError(f"flash_attn2: k_cache's batch size ({batch_cache}) must equal q's ({batch}) without "
                          f"cache_batch_idx")
     if batch_cache == 0:
@@ -121,6 +139,8 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             raise ValueError(f"flash_attn2: rotary_cos / rotary_sin must have at least seqlen_cache ({seqlen_cache}) "
                              f"rows, got {rotary_cos.shape[0]}")
     check_alibi_slopes(alibi_slopes, q, None)
+    if seqlen_cache > MAX_SEQLEN:
+        raise ValueError(f"flash_attn2: the cache's capacity must be at most 2**31-2**16 rows, got {seqlen_cache}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"flash_attn2: num_splits must be an int in 0..{MAX_SPLITS} (0: heuristic), got "
                          f"{num_splits!r}")
@@ -128,10 +148,10 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
 
 @torch.library.register_fake("flash_attn2::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                      cache_leftpad, softmax_scale, causal, window_left, window_right, softcap, rotary_interleaved,
-                      alibi_slopes, num_splits):
+                      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
+                      rotary_interleaved, alibi_slopes, num_splits):
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  alibi_slopes, num_splits)
+                  alibi_slopes, num_splits, block_table)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
@@ -139,7 +159,8 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
+                            page_table=None):
     """flash-attn 2.x's decode / chunked-prefill call against a KV cache; forward only.
 
     q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), any
@@ -157,18 +178,27 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     checked with a sync: an entry past the cache reads as the cache's end. A row that sees no key gets out 0 and
     softmax_lse -inf (flash-attn's split path gives +inf).
 
+    block_table (alias page_table, FA3's name) (batch, max_pages) int32: a paged cache, k_cache / v_cache
+    (num_pages, page_size, nheads_k, headdim) with any page_size >= 1 and any page / row / head strides; sequence b's
+    cache row j is row j % page_size of page block_table[b, j // page_size]. The capacity is max_pages * page_size;
+    entries past a sequence's rows are never read (-1 padding is fine), entries out of range are clamped to the pages.
+    Not with cache_batch_idx.
+
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q) fp32) with
     return_softmax_lse.
     """
-    _check_unsupported(block_table)
+    if page_table is not None:
+        if block_table is not None:
+            raise ValueError("flash_attn2: pass block_table or its alias page_table, not both")
+        block_table = page_table
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         _tensor(q, "q")
         cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  alibi_slopes, num_splits)
+                  alibi_slopes, num_splits, block_table)
     softcap = _softcap(softcap)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
-    seqlen_k = k_cache.shape[1]
+    seqlen_k = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)  # the capacity
     # flash-attn's kvcache rule: a side at least as wide as the cache is no window. (The kernels' masks treat a right
     # side >= seqlen_q as unbounded anyway; kept as given, it still makes the call windowed, which places q's rotary
     # positions per row, as flash-attn does.)
@@ -176,6 +206,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if not q.is_cuda:
         raise ValueError(f"flash_attn2: q, k_cache, v_cache must be CUDA tensors, got device {q.device}")
     out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                                cache_leftpad, scale, causal, left, right, softcap, bool(rotary_interleaved),
+                                cache_leftpad, block_table, scale, causal, left, right, softcap, bool(rotary_interleaved),
                                 alibi_slopes, operator.index(num_splits))
     return (out, lse) if return_softmax_lse else out

@@ -51,7 +51,7 @@ def _cases(count, seed=0):
             local=rng.random() < 0.25, alibi=rng.random() < 0.2, softcap=rng.choice([0.0, 0.0, 0.0, 30.0]),
             rotary_fraction=rng.choice([0.0, 0.5, 1.0]), interleaved=rng.random() < 0.5,
             seqlen_new_eq_seqlen_q=rng.random() < 0.5, leftpad=rng.random() < 0.3, batch_idx=rng.random() < 0.3,
-            num_splits=rng.choice([1, 0, 0, 3])))
+            num_splits=rng.choice([1, 0, 0, 3]), page_size=rng.choice([None, None, 1, 16, 64, 256, 3])))
     return cases
 
 
@@ -63,7 +63,28 @@ def _case_id(c):
             f"{'-new' if c['new_kv'] else ''}{'-causal' if c['causal'] else ''}{'-local' if c['local'] else ''}"
             f"{'-alibi' if c['alibi'] else ''}{'-softcap' if c['softcap'] else ''}-rot{c['rotary_fraction']}"
             f"{'i' if c['interleaved'] else ''}{'-leftpad' if c['leftpad'] else ''}{'-bidx' if c['batch_idx'] else ''}"
-            f"-splits{c['num_splits']}")
+            f"-splits{c['num_splits']}{'-page' + str(c['page_size']) if c.get('page_size') else ''}")
+
+
+def to_pages(k_cache, v_cache, page):
+    """(k_pages, v_pages (num_pages, page, h_k, d), table (batch, seqlen // page)) holding the contiguous caches:
+    three times the pages needed, in random order; the unused pages hold NaN."""
+    batch, seqlen = k_cache.shape[:2]
+    per_seq = seqlen // page
+    num_pages = 3 * batch * per_seq
+    table = torch.randperm(num_pages, device="cuda")[:batch * per_seq].view(batch, per_seq).to(torch.int32)
+    pages = []
+    for cache in (k_cache, v_cache):
+        p = torch.full((num_pages, page, *cache.shape[2:]), math.nan, device="cuda", dtype=cache.dtype)
+        p[table.long().flatten()] = cache.reshape(batch * per_seq, page, *cache.shape[2:])
+        pages.append(p)
+    return pages[0], pages[1], table
+
+
+def from_pages(pages, table):
+    """The contiguous (batch, seqlen, h_k, d) cache a table's pages hold."""
+    batch, per_seq = table.shape
+    return pages[table.long().flatten()].reshape(batch, per_seq * pages.shape[1], *pages.shape[2:])
 
 
 def _run_case(c, batch=2, heads=6):
@@ -100,14 +121,27 @@ def _run_case(c, batch=2, heads=6):
         cos, sin = torch.cos(angle).to(dtype), torch.sin(angle).to(dtype)
     kw = dict(rotary_cos=cos, rotary_sin=sin, cache_seqlens=cache_seqlens, cache_batch_idx=batch_idx,
               cache_leftpad=leftpad, causal=c["causal"], alibi_slopes=alibi)
+    page = c.get("page_size")
+    if page:
+        if c["batch_idx"]:
+            pytest.skip("cache_batch_idx with a paged cache (flash-attn's skip)")
+        if seqlen_k % page:
+            pytest.skip("the reference's cache must be whole pages")
     ref = kvcache_ref(q, k_cache, v_cache, k, v, window=window, softcap=c["softcap"],
                       rotary_interleaved=c["interleaved"], **kw)
     ref_lowp = kvcache_ref(q, k_cache, v_cache, k, v, window=window, softcap=c["softcap"],
                            rotary_interleaved=c["interleaved"], upcast=False, **kw)
-    k_cache_ours, v_cache_ours = k_cache.clone(), v_cache.clone()
-    out, lse = flash_attn_with_kvcache(q, k_cache_ours, v_cache_ours, k, v, window_size=window, softcap=c["softcap"],
-                                       rotary_interleaved=c["interleaved"], num_splits=c["num_splits"],
-                                       return_softmax_lse=True, **kw)
+    if page:  # the same cache in pages, scattered by a random table three times too big (flash-attn's generator)
+        k_pages, v_pages, table = to_pages(k_cache, v_cache, page)
+        out, lse = flash_attn_with_kvcache(q, k_pages, v_pages, k, v, window_size=window, softcap=c["softcap"],
+                                           rotary_interleaved=c["interleaved"], num_splits=c["num_splits"],
+                                           return_softmax_lse=True, block_table=table, **kw)
+        k_cache_ours, v_cache_ours = from_pages(k_pages, table), from_pages(v_pages, table)
+    else:
+        k_cache_ours, v_cache_ours = k_cache.clone(), v_cache.clone()
+        out, lse = flash_attn_with_kvcache(q, k_cache_ours, v_cache_ours, k, v, window_size=window,
+                                           softcap=c["softcap"], rotary_interleaved=c["interleaved"],
+                                           num_splits=c["num_splits"], return_softmax_lse=True, **kw)
     ok, err, err_pt = within_tolerance(out, ref[0], ref_lowp[0])
     # ALiBi's biases grow with the distance: flash-attn allows 5x there, our rule 2x of PyTorch's own error.
     assert ok, f"out error {err} vs PyTorch's {err_pt}"
@@ -271,6 +305,38 @@ def test_hostile_device_values():
 
 
 @gpu
+@pytest.mark.parametrize("page", [1, 16, 48])
+@pytest.mark.parametrize("num_splits", [1, 0])
+def test_paged_table_padding_and_strides(page, num_splits):
+    """A -1-padded table (entries past each sequence's pages are never read), appends through the table, and a
+    cache in vLLM's HND layout (a stride permutation of the same pages)."""
+    require_kernel(128, torch.bfloat16)
+    dtype = torch.bfloat16
+    batch, heads, heads_k, d, max_pages = 3, 8, 2, 128, 12
+    num_pages = batch * max_pages + 5
+    k_hnd = randn(num_pages, heads_k, page, d, dtype=dtype)  # (pages, heads, page rows, d): HND
+    v_hnd = randn(num_pages, heads_k, page, d, dtype=dtype)
+    k_pages, v_pages = k_hnd.transpose(1, 2), v_hnd.transpose(1, 2)  # the kernels' (pages, rows, heads, d) view
+    lens = [0, 5 * page - 1, 9 * page + 1]  # rows in use before the call; one new row each
+    table = torch.full((batch, max_pages), -1, dtype=torch.int32, device="cuda")
+    perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
+    for b, n in enumerate(lens):
+        used = (n + 1 + page - 1) // page
+        table[b, :used] = perm[b * max_pages: b * max_pages + used]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = randn(batch, 1, heads, d, dtype=dtype)
+    k, v = randn(batch, 1, heads_k, d, dtype=dtype), randn(batch, 1, heads_k, d, dtype=dtype)
+    dense_k, dense_v = from_pages(k_pages, table.clamp(min=0)), from_pages(v_pages, table.clamp(min=0))
+    ref = kvcache_ref(q, dense_k, dense_v, k, v, cache_seqlens=seqlens, causal=True)
+    out = flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cache_seqlens=seqlens, causal=True, page_table=table,
+                                  num_splits=num_splits)
+    assert max_error(out, ref[0]) <= 2e-2
+    for b, n in enumerate(lens):  # the appended row landed in the right page
+        page_id = int(table[b, n // page])
+        assert torch.equal(k_pages[page_id, n % page], k[b, 0]) and torch.equal(v_pages[page_id, n % page], v[b, 0])
+
+
+@gpu
 def test_cuda_graph_replay_with_changing_lengths():
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
@@ -368,7 +434,12 @@ def _args(**over):
           rotary_sin=torch.zeros(16, 4, dtype=torch.float16)), ValueError, "multiple of 16"),
     (dict(num_splits=129), ValueError, "num_splits must be an int in 0..128"),
     (dict(num_splits=-1), ValueError, "num_splits"),
-    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), NotImplementedError, "block_table"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int64)), TypeError, "block_table must be int32"),
+    (dict(block_table=torch.zeros(3, 1, dtype=torch.int32)), ValueError, r"block_table must be \(batch, max_pages\)"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32), cache_batch_idx=torch.zeros(2, dtype=torch.int32)),
+     ValueError, "cannot be combined with block_table"),
+    (dict(block_table=torch.zeros(2, 1, dtype=torch.int32), page_table=torch.zeros(2, 1, dtype=torch.int32)),
+     ValueError, "not both"),
     (dict(alibi_slopes=torch.zeros(3)), ValueError, "alibi_slopes must be"),
     (dict(softcap=-1.0), ValueError, "softcap"),
 ])
@@ -384,9 +455,11 @@ def test_cpu_tensors_refused():
 
 def test_signature_matches_flash_attn():
     import inspect
-    names = list(inspect.signature(flash_attn_with_kvcache).parameters)
-    assert names == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
-                     "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
-                     "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
+    params = inspect.signature(flash_attn_with_kvcache).parameters
+    positional = [n for n, p in params.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
+                          "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
+                          "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
+    assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["page_table"]  # FA3's name for block_table
     from flash_attn2.flash_attn_interface import flash_attn_with_kvcache as same
     assert same is flash_attn_with_kvcache

@@ -106,8 +106,8 @@ def test_opcheck_kvcache(head_dim, append):
     seqlens = torch.tensor([5, 63], dtype=torch.int32, device="cuda")
     angle = torch.rand(64, 16, device="cuda")
     cos, sin = (angle.cos().to(BF16), angle.sin().to(BF16)) if append else (None, None)
-    torch.library.opcheck(_ops.fwd_kvcache, (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, 0.125, True,
-                                             -1, 0, 0.0, False, None, 0))
+    torch.library.opcheck(_ops.fwd_kvcache, (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, None, 0.125,
+                                             True, -1, 0, 0.0, False, None, 0))
 
 
 def dense(batch, seqlen_q, seqlen_k, heads=4, heads_k=2, head_dim=64):

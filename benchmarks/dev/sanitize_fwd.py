@@ -37,5 +37,11 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
             flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, seqlens, idx, leftpad, causal=causal,
                                     window_size=window, softcap=softcap, alibi_slopes=alibi, num_splits=splits)
     flash_attn_func(q[:3, :1], k_cache, v_cache, causal=True)  # decode through flash_attn_func: the split kernel
+    # Paged, page 7: a -1-padded table and hostile entries (-5, 10**6) and lengths
+    k_pages, v_pages = torch.randn(20, 7, 2, d, **bf16), torch.randn(20, 7, 2, d, **bf16)
+    table = torch.tensor([[3, -1, -1], [10**6, -5, 19], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
+    for splits in (0, 1, 5):
+        flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cos[:21], sin[:21], ints(3, 20, 2**31 - 1, -4),
+                                block_table=table, causal=True, num_splits=splits)
 torch.cuda.synchronize()
 print("kvcache: ok")

@@ -120,6 +120,14 @@ struct FwdParams {
   // bits. Rows of a kv head's query heads share one tile (GQA packing) where the call has no ALiBi.
   int kv_splits = 0;
   float* split_accum = nullptr;
+  // Paged K / V (block_table; fixed-length calls, without kv_batch_idx): k and v are (num_pages, page_size,
+  // num_heads_k, head_dim) pages, k/v_batch_stride the page stride; batch entry b's key row j (counted from its
+  // leftpad_k) is row j % page_size of page page_table[b * page_table_batch_stride + j / page_size], each entry
+  // clamped to [0, num_pages) (a -1 padding entry is never read for a row in use). seqlen_k is the table's capacity
+  // (max_pages * page_size), total_k the pages' rows (num_pages * page_size). Any page_size >= 1.
+  const int* page_table = nullptr;
+  int64_t page_table_batch_stride = 0;
+  int page_size = 0, num_pages = 0;
 };
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse (all fields of FwdParams, with
@@ -197,6 +205,11 @@ struct KvAppendParams {
   int64_t vc_batch_stride = 0, vc_row_stride = 0, vc_head_stride = 0;
   const int* cache_seqlens = nullptr;  // (batch,) int32 on the device; required
   const int* cache_batch_idx = nullptr;
+  // Paged caches (FwdParams' page fields): (num_pages, page_size, num_heads_k, head_dim), cache_seqlen the table's
+  // capacity; new row j of batch entry b goes to logical row cache_seqlens[b] + j through the table.
+  const int* page_table = nullptr;
+  int64_t page_table_batch_stride = 0;
+  int page_size = 0, num_pages = 0;
   // Rotary tables, or nullptr / rotary_dim 0 for none; rotary_dim even, <= head_dim.
   const void* rotary_cos = nullptr;
   const void* rotary_sin = nullptr;

@@ -60,7 +60,9 @@ struct SplitSeq {
   int len_q, len_k;
   int64_t q_rows;   // varlen: the sequence's first packed query row (q, out, lse); fixed length: 0
   int64_t q_batch;  // fixed length: the batch entry (q, out, lse); varlen: 0
-  int64_t k_offset, v_offset;  // elements to the sequence's first key row (head 0)
+  int64_t k_offset, v_offset;  // elements to the sequence's first key row (head 0); paged: 0
+  const int* pages;            // paged: this batch entry's row of the page table, else nullptr
+  int k_row0;                  // paged: the logical row of key 0 (leftpad_k)
 
   __device__ SplitSeq(const FwdParams& p, int bidb) {
     if (p.cu_seqlens_q != nullptr) {  // varlen: no kv-cache fields (dispatch.cpp refuses them)
@@ -68,6 +70,7 @@ struct SplitSeq {
       len_q = int(q.end - q.begin), len_k = int(k.end - k.begin);
       q_rows = q.begin, q_batch = 0;
       k_offset = k.begin * p.k_row_stride, v_offset = k.begin * p.v_row_stride;
+      pages = nullptr, k_row0 = 0;
       return;
     }
     len_q = p.seqlen_q, q_rows = 0, q_batch = bidb;
@@ -85,8 +88,22 @@ struct SplitSeq {
     int begin = p.leftpad_k != nullptr ? p.leftpad_k[bidb] : 0;
     begin = begin < 0 ? 0 : begin > end ? int(end) : begin;
     len_k = int(end) - begin;
+    if (p.page_table != nullptr) {  // rows through the table (kernels: load_paged); no kv_batch_idx
+      pages = p.page_table + bidb * p.page_table_batch_stride, k_row0 = begin;
+      k_offset = v_offset = 0;
+      return;
+    }
+    pages = nullptr, k_row0 = 0;
     k_offset = kv_bidb * p.k_batch_stride + begin * p.k_row_stride;
     v_offset = kv_bidb * p.v_batch_stride + begin * p.v_row_stride;
+  }
+
+  // Paged: elements from the (head 0) base to logical key row `row` (< len_k) through the table, for a tensor with
+  // these page and row strides.
+  __device__ int64_t paged_offset(const FwdParams& p, int row, int64_t page_stride, int64_t row_stride) const {
+    const int r = k_row0 + row, entry = pages[r / p.page_size];
+    const int page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
+    return page * page_stride + (r % p.page_size) * row_stride;
   }
 
   // Element offsets of query row i of head h in q and out, and its LSE.

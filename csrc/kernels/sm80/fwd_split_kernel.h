@@ -47,6 +47,35 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
   return cute::make_tensor(t.data() + offset, t.layout());
 }
 
+// Paged K / V (FwdParams::page_table): key rows [row0, row0 + tile rows) of the sequence into a K and a V stage,
+// each thread looking up the pages of its own rows (coord: its copies' tile coordinates; one table read per row,
+// K and V sharing it), 16 bytes per cp.async, zeros past len_k and the head dim. Rows past len_k read no table
+// entry, so a table's padding (-1) is never dereferenced; entries are clamped to the pages (SplitSeq).
+template <class Element, class DstK, class DstV, class Coord>
+__device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& seq, const Element* k, const Element* v,
+                                           DstK&& sk, DstV&& sv, Coord const& coord, int row0) {
+  using namespace cute;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(sk); ++m) {
+    const int row = row0 + get<0>(coord(0, m, 0));
+    const bool row_ok = row < seq.len_k;
+    int64_t k_off = 0, v_off = 0;
+    if (row_ok) {
+      k_off = seq.paged_offset(p, row, p.k_batch_stride, p.k_row_stride);
+      v_off = seq.paged_offset(p, row, p.v_batch_stride, p.v_row_stride);
+    }
+    CUTE_UNROLL
+    for (int c = 0; c < size<2>(sk); ++c) {
+      const int col = get<1>(coord(0, m, c));
+      const bool ok = row_ok && col < p.head_dim;
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(k + k_off + col),
+                                                        *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(v + v_off + col),
+                                                        *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+    }
+  }
+}
+
 // The row tiles of one (batch entry, head group) that block (blockIdx.x, split) takes, as fn(row0, row_end, direct):
 // with several splits, the rows below the hint (seqlen_q: varlen's max_seqlen_q) in tiles that stop at it, each split
 // its share of the keys into partials; then the rows past the hint (a varlen sequence longer than the hint says),
@@ -143,7 +172,11 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   // rows, whatever they hold, never reach a score or P V).
   auto load_kv = [&](int n_block) {
     const int offset = (n_block % kStages) * int(Traits::kKVSize), rows_left = seq.len_k - n_block * kBlockN;
-    if (rows_left < kBlockN) {
+    if (seq.pages != nullptr) {
+      load_paged(params, seq, static_cast<const Element*>(params.k) + bidh_k * params.k_head_stride,
+                 static_cast<const Element*>(params.v) + bidh_k * params.v_head_stride, at_offset(tKsK, offset),
+                 at_offset(tVsV, offset), tKVcKV, n_block * kBlockN);
+    } else if (rows_left < kBlockN) {
       load_tile<true>(gmem_copy, tKgK(_, _, _, n_block), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
       load_tile<true>(gmem_copy, tVgV(_, _, _, n_block), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
     } else {
@@ -398,7 +431,11 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   auto chunk_of = [&](int i) { return mine.begin + warp + kWarps * i; };
   auto load_chunk = [&](int i) {
     const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize), rows_left = seq.len_k - n * kChunk;
-    if (rows_left < kChunk) {
+    if (seq.pages != nullptr) {
+      load_paged(params, seq, static_cast<const Element*>(params.k) + bidh_k * params.k_head_stride,
+                 static_cast<const Element*>(params.v) + bidh_k * params.v_head_stride, at_offset(tKsK, offset),
+                 at_offset(tVsV, offset), tKVcKV, n * kChunk);
+    } else if (rows_left < kChunk) {
       load_tile<true>(gmem_copy, tKgK(_, _, _, n), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
       load_tile<true>(gmem_copy, tVgV(_, _, _, n), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
     } else {
