@@ -215,12 +215,15 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (p.window_left < -1 || p.window_right < -1) return "window_left and window_right must be >= -1 (-1: unbounded)";
   if (!(std::isfinite(p.softcap) && p.softcap >= 0.f)) return "softcap must be finite and >= 0 (0: off)";
   if (!(p.dropout_p >= 0.f && p.dropout_p < 1.f)) return "dropout_p must be in [0, 1)";
-  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr)) return "set both cu_seqlens_q and cu_seqlens_k, or neither";
+  const bool paged_seqused = p.page_table != nullptr && p.seqused_k != nullptr;  // varlen paged: no cu_seqlens_k needed
+  if ((p.cu_seqlens_q == nullptr) != (p.cu_seqlens_k == nullptr) && !(p.cu_seqlens_q != nullptr && paged_seqused)) {
+    return "set both cu_seqlens_q and cu_seqlens_k, or neither (cu_seqlens_k may be left out with page_table and seqused_k)";
+  }
   const bool varlen = p.cu_seqlens_q != nullptr;
   const bool kv_cache =
       p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
-  if (varlen && kv_cache) {
-    return "seqused_k, leftpad_k, kv_batch_idx and page_table need a fixed-length call (cu_seqlens unset)";
+  if (varlen && (p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || (p.seqused_k != nullptr && !p.page_table))) {
+    return "with varlen q (cu_seqlens_q), leftpad_k and kv_batch_idx are not supported, and seqused_k needs page_table";
   }
   if (p.page_table != nullptr && (p.page_size < 1 || p.num_pages < 1 || p.kv_batch_idx != nullptr)) {
     return "page_table needs page_size >= 1 and num_pages >= 1, and no kv_batch_idx";
@@ -230,7 +233,10 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (p.seqused_k_add < 0) return "seqused_k_add must be >= 0";
   if (p.kv_batch_idx != nullptr && p.kv_batch < 1) return "kv_batch must be >= 1 with kv_batch_idx";
   if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";
-  if (varlen ? (p.total_q < 0 || p.total_k < 0 || p.total_q > kMaxSeqlen || p.total_k > kMaxSeqlen)
+  if (varlen && p.page_table != nullptr && p.total_k != int64_t(p.num_pages) * p.page_size) {
+    return "total_k must be num_pages * page_size with page_table";
+  }
+  if (varlen ? (p.total_q < 0 || p.total_k < 0 || p.total_q > kMaxSeqlen || (p.total_k > kMaxSeqlen && !p.page_table))
              : (p.total_q != int64_t(p.batch) * p.seqlen_q ||
                 p.total_k != (p.page_table != nullptr ? int64_t(p.num_pages) * p.page_size
                                                       : int64_t(p.kv_batch_idx != nullptr ? p.kv_batch : p.batch) *

@@ -500,13 +500,32 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
                                        const OptTensor& v, const OptTensor& rotary_cos, const OptTensor& rotary_sin,
                                        const OptTensor& cache_seqlens, const OptTensor& cache_batch_idx,
                                        const OptTensor& cache_leftpad, const OptTensor& block_table,
-                                       double softmax_scale, bool causal,
+                                       const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                                       int64_t max_seqlen_q, double softmax_scale, bool causal,
                                        int64_t window_left, int64_t window_right, double softcap,
                                        bool rotary_interleaved, const OptTensor& alibi_slopes, int64_t num_splits) {
-  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "flash_attn2: q, k_cache and v_cache must be 4-D");
+  // Varlen q (cu_seqlens_q: vLLM's and SGLang's calls) against a paged cache: q (total_q, nheads, headdim) runs as a
+  // batch of one row of sequences (below), its per-sequence key counts from cache_seqlens (seqused_k) or cu_seqlens_k.
+  const bool varlen = cu_seqlens_q.has_value();
+  if (varlen) {
+    TORCH_CHECK(block_table.has_value() && !k.has_value() && !rotary_cos.has_value() && !cache_leftpad.has_value(),
+                "flash_attn2: varlen q (cu_seqlens_q) needs block_table, and takes no k / v, rotary or cache_leftpad");
+    TORCH_CHECK(q.dim() == 3, "flash_attn2: with cu_seqlens_q, q must be (total_q, nheads, headdim)");
+    TORCH_CHECK(cache_seqlens.has_value() || cu_seqlens_k.has_value(),
+                "flash_attn2: varlen q needs cache_seqlens (seqused_k) or cu_seqlens_k");
+    for (const OptTensor* cu : {&cu_seqlens_q, &cu_seqlens_k}) {
+      if (!cu->has_value()) continue;
+      TORCH_CHECK((*cu)->scalar_type() == at::kInt && (*cu)->dim() == 1 && (*cu)->is_contiguous() &&
+                      (*cu)->device() == q.device() && (*cu)->size(0) == cu_seqlens_q->size(0) && (*cu)->size(0) >= 2,
+                  "flash_attn2: cu_seqlens_q / cu_seqlens_k must be contiguous int32 (batch + 1,) on q's device");
+    }
+    TORCH_CHECK(max_seqlen_q >= 0, "flash_attn2: max_seqlen_q must be >= 0");
+  }
+  const Tensor q4 = varlen ? q.unsqueeze(0) : q;  // (1, total_q, nheads, headdim): the fixed-length layout
+  TORCH_CHECK(q4.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, "flash_attn2: q, k_cache and v_cache must be 4-D");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "flash_attn2: k_cache and v_cache must have the same shape");
-  const int64_t batch = q.size(0), head_dim = q.size(3);
-  TORCH_CHECK(k_cache.size(2) > 0 && k_cache.size(3) == head_dim && q.size(2) % k_cache.size(2) == 0 && batch > 0,
+  const int64_t batch = varlen ? cu_seqlens_q->size(0) - 1 : q.size(0), head_dim = q4.size(3);
+  TORCH_CHECK(k_cache.size(2) > 0 && k_cache.size(3) == head_dim && q4.size(2) % k_cache.size(2) == 0 && batch > 0,
               "flash_attn2: k_cache must be (batch_cache, seqlen_cache, nheads_k, headdim) with q's headdim");
   const bool paged = block_table.has_value();
   TORCH_CHECK(paged || cache_batch_idx.has_value() || k_cache.size(0) == batch,
@@ -524,14 +543,14 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
     TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->device() == q.device() && t->stride(-1) == 1,
                 "flash_attn2: k_cache / v_cache must have q's dtype and device and a contiguous last dim");
   }
-  check_int_rows(cache_seqlens, "cache_seqlens", batch, q);
+  check_int_rows(cache_seqlens, "cache_seqlens", batch, q);  // (with varlen: one per sequence)
   check_int_rows(cache_batch_idx, "cache_batch_idx", batch, q);
   check_int_rows(cache_leftpad, "cache_leftpad", batch, q);
-  check_alibi_slopes(alibi_slopes, q, std::nullopt);
+  check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
   TORCH_CHECK(num_splits >= 0 && num_splits <= flash_attn2::kMaxKvSplits, "flash_attn2: num_splits must be in 0..128");
   const c10::cuda::CUDAGuard guard(q.device());
   const DType dtype = dtype_of(q);
-  Tensor qr = kernel_ready(q);
+  Tensor qr = kernel_ready(q4);
   // The kernels' caches: the caller's, or a padded / aligned copy whose appended rows are copied back at the end.
   Tensor kc = kernel_ready(k_cache), vc = kernel_ready(v_cache);
   const int64_t seqlen_new = k.has_value() ? k->size(1) : 0;
@@ -583,7 +602,9 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
     if (q_rot.defined()) qr = q_rot;
   }
   Tensor out = at::empty(qr.sizes(), qr.options());
-  Tensor lse = at::empty({batch, q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+  // (batch, nheads, seqlen_q), or varlen's (nheads, total_q) seen as (1, nheads, total_q)
+  Tensor lse = varlen ? at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat)).unsqueeze(0)
+                      : at::empty({batch, q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   if (q.numel() > 0 && kc.size(1) == 0) {  // a cache with no rows: every query sees nothing
     out.zero_();
     lse.fill_(-std::numeric_limits<float>::infinity());
@@ -604,6 +625,14 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
       p.seqlen_k = int(block_table->size(1) * kc.size(1));
       p.total_k = int64_t(p.num_pages) * p.page_size;
     }
+    if (varlen) {  // the sequences of q's one row; lse stays (nheads, total_q)
+      p.batch = int(batch), p.cu_seqlens_q = cu_seqlens_q->data_ptr<int>();
+      p.cu_seqlens_k = cu_seqlens_k.has_value() ? cu_seqlens_k->data_ptr<int>() : nullptr;
+      p.seqlen_q = int(std::min<int64_t>(max_seqlen_q, flash_attn2::kMaxSeqlen + int64_t(1)));
+      p.total_q = q.size(0);
+      p.q_batch_stride = p.o_batch_stride = p.lse_batch_stride = 0;
+      if (alibi_slopes.has_value()) p.alibi_slopes_batch_stride = alibi_slopes->dim() == 2 ? alibi_slopes->stride(0) : 0;
+    }
     p.kv_splits = int(num_splits);
     run_fwd_with_splits(p, q);
   }
@@ -611,7 +640,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
     if (kc.data_ptr() != k_cache.data_ptr()) const_cast<Tensor&>(k_cache).copy_(kc.narrow(-1, 0, head_dim));
     if (vc.data_ptr() != v_cache.data_ptr()) const_cast<Tensor&>(v_cache).copy_(vc.narrow(-1, 0, head_dim));
   }
-  return {unpadded(out, head_dim), lse};
+  out = unpadded(out, head_dim);
+  return {varlen ? out.squeeze(0) : out, varlen ? lse.squeeze(0) : lse};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -758,7 +788,7 @@ TORCH_LIBRARY(flash_attn2, m) {
   // flash_attn_with_kvcache (forward only): writes k / v into k_cache / v_cache at cache_seqlens, then attends.
   m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
         "Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
-        "Tensor? block_table, float softmax_scale, bool causal, int window_left, int window_right, float softcap, bool rotary_interleaved, "
+        "Tensor? block_table, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, float softmax_scale, bool causal, int window_left, int window_right, float softcap, bool rotary_interleaved, "
         "Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)");
 }
 

@@ -39,10 +39,15 @@ def _int_rows(t, name, batch, q):
 
 
 def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  alibi_slopes, num_splits, block_table=None):
-    """Every tensor argument of flash_attn_with_kvcache (metadata only: no value is read)."""
+                  alibi_slopes, num_splits, block_table=None, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0):
+    """Every tensor argument of flash_attn_with_kvcache (metadata only: no value is read). With cu_seqlens_q, q is
+    (total_q, nheads, headdim), checked as a batch of one row whose sequences cu_seqlens_q delimits."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _tensor(t, name)
+    if cu_seqlens_q is not None:
+        _check_varlen_q(q, k, rotary_cos, cache_seqlens, cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k,
+                        max_seqlen_q)
+        q = q[None]  # (1, total_q, nheads, headdim): the checks below, batch counted from cu_seqlens_q
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if t is None:
             continue
@@ -60,6 +65,8 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         if t.device != q.device:
             raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
     batch, seqlen_q, heads, head_dim = q.shape
+    if cu_seqlens_q is not None:
+        batch = cu_seqlens_q.shape[0] - 1
     if batch == 0:
         raise ValueError("flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)")
     if not 0 < head_dim <= MAX_HEAD_DIM:
@@ -138,7 +145,7 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         if rotary_cos.shape[0] < seqlen_cache:
             raise ValueError(f"flash_attn2: rotary_cos / rotary_sin must have at least seqlen_cache ({seqlen_cache}) "
                              f"rows, got {rotary_cos.shape[0]}")
-    check_alibi_slopes(alibi_slopes, q, None)
+    check_alibi_slopes(alibi_slopes, q[0] if cu_seqlens_q is not None else q, cu_seqlens_q)
     if seqlen_cache > MAX_SEQLEN:
         raise ValueError(f"flash_attn2: the cache's capacity must be at most 2**31-2**16 rows, got {seqlen_cache}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or not 0 <= num_splits <= MAX_SPLITS:
@@ -146,13 +153,46 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                          f"{num_splits!r}")
 
 
+def _check_varlen_q(q, k, rotary_cos, cache_seqlens, cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k,
+                    max_seqlen_q):
+    """Varlen q against a paged cache (FA3's cu_seqlens_q: SGLang's call; vLLM's flash_attn_varlen_func)."""
+    if q.dim() != 3:
+        raise ValueError(f"flash_attn2: with cu_seqlens_q, q must be 3-D (total_q, nheads, headdim), got shape "
+                         f"{tuple(q.shape)}")
+    if block_table is None:
+        raise NotImplementedError("flash_attn2: cu_seqlens_q (varlen q) is supported against a paged cache only "
+                                  "(block_table); pass a block table, or call flash_attn_varlen_func")
+    if k is not None or rotary_cos is not None or cache_leftpad is not None:
+        raise NotImplementedError("flash_attn2: cu_seqlens_q (varlen q) with new k / v, rotary tables or cache_leftpad "
+                                  "is not supported yet")
+    if cache_seqlens is None and cu_seqlens_k is None:
+        raise ValueError("flash_attn2: varlen q needs cache_seqlens (seqused_k) or cu_seqlens_k: each sequence's keys")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu is None:
+            continue
+        _tensor(cu, name)
+        if cu.dtype != torch.int32:
+            raise TypeError(f"flash_attn2: {name} must be int32, got {cu.dtype}")
+        if cu.dim() != 1 or cu.shape[0] < 2 or cu.shape[0] != cu_seqlens_q.shape[0]:
+            raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries (as cu_seqlens_q), got "
+                             f"shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {cu.device}")
+        if not cu.is_contiguous():
+            raise ValueError(f"flash_attn2: {name} must be contiguous, got strides {tuple(cu.stride())}")
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, (int, torch.SymInt)) or not 0 <= max_seqlen_q <= MAX_SEQLEN:
+        raise ValueError(f"flash_attn2: max_seqlen_q must be an int in 0..2**31-2**16, got {max_seqlen_q!r}")
+
+
 @torch.library.register_fake("flash_attn2::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                      cache_leftpad, block_table, softmax_scale, causal, window_left, window_right, softcap,
-                      rotary_interleaved, alibi_slopes, num_splits):
+                      cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
+                      window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits):
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  alibi_slopes, num_splits, block_table)
+                  alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if cu_seqlens_q is not None:
+        return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
     return out, q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
@@ -160,7 +200,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            page_table=None):
+                            page_table=None, cu_seqlens_q=None, max_seqlen_q=None):
     """flash-attn 2.x's decode / chunked-prefill call against a KV cache; forward only.
 
     q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), any
@@ -184,6 +224,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     entries past a sequence's rows are never read (-1 padding is fine), entries out of range are clamped to the pages.
     Not with cache_batch_idx.
 
+    cu_seqlens_q (batch + 1,) int32 and max_seqlen_q (FA3's keywords; SGLang's call): q is (total_q, nheads, headdim)
+    with sequence b's queries at rows cu_seqlens_q[b]:cu_seqlens_q[b + 1], against a paged cache (block_table) whose
+    sequence b holds cache_seqlens[b] keys; softmax_lse is then (nheads, total_q). Not with k / v, rotary or
+    cache_leftpad yet.
+
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q) fp32) with
     return_softmax_lse.
     """
@@ -193,9 +238,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         block_table = page_table
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         _tensor(q, "q")
-        cache_seqlens = torch.full((q.shape[0],), cache_seqlens, dtype=torch.int32, device=q.device)
+        batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    if cu_seqlens_q is not None and max_seqlen_q is None:
+        raise ValueError("flash_attn2: cu_seqlens_q needs max_seqlen_q (the longest sequence's queries, a hint)")
+    max_seqlen_q = 0 if cu_seqlens_q is None else max_seqlen_q
+    return _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                         cache_leftpad, block_table, None, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size,
+                         softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)
+
+
+def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                  block_table, cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                  rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse):
+    """flash_attn_with_kvcache's and the paged flash_attn_varlen_func's common part: checks, then the op."""
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                  alibi_slopes, num_splits, block_table)
+                  alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
     softcap = _softcap(softcap)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     seqlen_k = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)  # the capacity
@@ -206,6 +264,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if not q.is_cuda:
         raise ValueError(f"flash_attn2: q, k_cache, v_cache must be CUDA tensors, got device {q.device}")
     out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                                cache_leftpad, block_table, scale, causal, left, right, softcap, bool(rotary_interleaved),
-                                alibi_slopes, operator.index(num_splits))
+                                cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale, causal, left,
+                                right, softcap, bool(rotary_interleaved), alibi_slopes, operator.index(num_splits))
     return (out, lse) if return_softmax_lse else out

@@ -224,7 +224,8 @@ def _packed(t, name: str, dim: int, count: int, layout: str):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
+                           num_splits=0):
     """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim); sequence b owns rows
     cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device), clamped to the packed tensors: a decreasing pair is
     an empty sequence, rows outside every sequence get output 0 (and zero gradients). max_seqlen_q/k are hints
@@ -232,12 +233,40 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     FLASH_ATTN2_CHECK_INPUTS=1 checks the values (eager mode; one sync) and names the first bad entry.
 
     Zero-length sequences are allowed. With return_attn_probs, softmax_lse is (nheads, total_q) fp32.
+
+    block_table (batch, max_pages) int32: k / v are a paged cache (num_pages, page_size, nheads_k, headdim), any
+    page_size >= 1, sequence b's keys the first seqused_k[b] (seqused_k: (batch,) int32, vLLM's call) or
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows through its table row (cu_seqlens_k may be None with seqused_k); the
+    split-KV kernel, forward only, no dropout; num_splits as flash_attn_with_kvcache's.
     """
+    if block_table is not None:
+        return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                             window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits)
+    if seqused_k is not None:
+        raise NotImplementedError("flash_attn2: seqused_k is supported with block_table (a paged cache) only")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # None would make the call a fixed-length one
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
                       causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
+
+
+def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                  window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits):
+    """flash_attn_varlen_func against a paged cache: the kv-cache op with varlen q."""
+    from ._kvcache import _kvcache_call
+
+    if _dropout_p(dropout_p) > 0.0:
+        raise NotImplementedError("flash_attn2: dropout_p > 0 with block_table (a paged cache) is not supported")
+    if not isinstance(cu_seqlens_q, torch.Tensor):
+        raise TypeError(f"flash_attn2: cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
+    if isinstance(q, torch.Tensor) and q.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError("flash_attn2: the paged forward (block_table) has no backward; call it under "
+                                  "torch.no_grad() or with tensors that do not require grad")
+    out, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
+                             cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                             True, alibi_slopes, num_splits, True)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

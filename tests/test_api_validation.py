@@ -99,9 +99,20 @@ def test_window_normalization_rules():
     assert window(False, [3, 1], 4, 4) == (False, 3, 1)
 
 
-def test_block_table_not_implemented():
-    with pytest.raises(NotImplementedError, match="block_table"):
-        flash_attn2.flash_attn_varlen_func(*varlen_args(), block_table=torch.zeros(2, 1, dtype=torch.int32))
+def test_block_table_checks():
+    """flash_attn_varlen_func(block_table=) is the paged path (tests/test_kvcache.py on the GPU): its arguments are
+    checked before any GPU work, and what it lacks raises NotImplementedError naming it."""
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_args()
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="q, k_cache, v_cache must be CUDA tensors"):  # every other check passed
+        flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k, block_table=table)
+    with pytest.raises(NotImplementedError, match="dropout_p > 0 with block_table"):
+        flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k, 0.1, block_table=table)
+    with pytest.raises(TypeError, match="block_table must be int32"):
+        flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k,
+                                           block_table=table.long())
+    with pytest.raises(NotImplementedError, match="seqused_k is supported with block_table"):
+        flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=torch.zeros(2, dtype=torch.int32))
 
 
 # (make(device) -> q, k, v, exception, message). On CUDA tensors the op checks them in C++
@@ -215,7 +226,8 @@ def test_signatures_match_flash_attn():
                            "softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False",
         "flash_attn_varlen_func": "q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, "
                                   "softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
-                                  "alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None",
+                                  "alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, "
+                                  "*, seqused_k=None, num_splits=0",
     }
     for name, params in expected.items():
         assert str(inspect.signature(getattr(flash_attn2, name))) == f"({params})"

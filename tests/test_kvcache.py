@@ -337,6 +337,45 @@ def test_paged_table_padding_and_strides(page, num_splits):
 
 
 @gpu
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("call", ["vllm", "sglang"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_q_against_paged_cache(page, call, causal):
+    """vLLM's call (flash_attn_varlen_func with seqused_k and block_table, cu_seqlens_k None) and SGLang's
+    (flash_attn_with_kvcache with cu_seqlens_q, cache_seqlens and page_table, softmax_lse returned): a mixed batch
+    of decode rows and short chunks, an empty sequence, against each sequence's own reference."""
+    require_kernel(128, torch.bfloat16)
+    dtype = torch.bfloat16
+    heads, heads_k, d, max_pages = 8, 2, 128, 24
+    lens_q, lens_k = [1, 3, 0, 5, 1], [100, 5, 0, 300, 1]
+    num_pages = len(lens_q) * max_pages
+    k_pages, v_pages = randn(num_pages, page, heads_k, d, dtype=dtype), randn(num_pages, page, heads_k, d, dtype=dtype)
+    # page 1: a capacity of 24 rows, which clamps the longer sequences' lengths (the reference clamps them too)
+    table = torch.randperm(num_pages, device="cuda").to(torch.int32).view(len(lens_q), max_pages)
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    seqused = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    q = randn(int(cu_q[-1]), heads, d, dtype=dtype)
+    if call == "vllm":
+        out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, max(lens_q), max(lens_k),
+                                                         causal=causal, block_table=table, seqused_k=seqused,
+                                                         return_attn_probs=True)
+    else:
+        out, lse = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqused, page_table=table,
+                                           cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=causal,
+                                           return_softmax_lse=True)
+    dense_k, dense_v = from_pages(k_pages, table), from_pages(v_pages, table)
+    capacity = dense_k.shape[1]
+    for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
+        if n_q == 0:
+            continue
+        n_k = min(n_k, capacity)
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ref, ref_lse = attention_ref(q[None, rows], dense_k[b:b + 1, :n_k], dense_v[b:b + 1, :n_k], causal)
+        assert max_error(out[rows], ref[0]) <= 2e-2, b
+        assert max_error(lse[:, rows], ref_lse[0]) <= LSE_ATOL, b
+
+
+@gpu
 def test_cuda_graph_replay_with_changing_lengths():
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
@@ -460,6 +499,7 @@ def test_signature_matches_flash_attn():
     assert positional == ["q", "k_cache", "v_cache", "k", "v", "rotary_cos", "rotary_sin", "cache_seqlens",
                           "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
                           "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
-    assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["page_table"]  # FA3's name for block_table
+    # FA3's keywords: page_table (block_table's name there), varlen q
+    assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["page_table", "cu_seqlens_q", "max_seqlen_q"]
     from flash_attn2.flash_attn_interface import flash_attn_with_kvcache as same
     assert same is flash_attn_with_kvcache

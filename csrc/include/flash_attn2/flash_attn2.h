@@ -120,11 +120,13 @@ struct FwdParams {
   // bits. Rows of a kv head's query heads share one tile (GQA packing) where the call has no ALiBi.
   int kv_splits = 0;
   float* split_accum = nullptr;
-  // Paged K / V (block_table; fixed-length calls, without kv_batch_idx): k and v are (num_pages, page_size,
-  // num_heads_k, head_dim) pages, k/v_batch_stride the page stride; batch entry b's key row j (counted from its
-  // leftpad_k) is row j % page_size of page page_table[b * page_table_batch_stride + j / page_size], each entry
-  // clamped to [0, num_pages) (a -1 padding entry is never read for a row in use). seqlen_k is the table's capacity
-  // (max_pages * page_size), total_k the pages' rows (num_pages * page_size). Any page_size >= 1.
+  // Paged K / V (block_table; without kv_batch_idx): k and v are (num_pages, page_size, num_heads_k, head_dim)
+  // pages, k/v_batch_stride the page stride; batch entry b's key row j (counted from its leftpad_k) is row
+  // j % page_size of page page_table[b * page_table_batch_stride + j / page_size], each entry clamped to
+  // [0, num_pages) (a -1 padding entry is never read for a row in use). seqlen_k is the table's capacity
+  // (max_pages * page_size), total_k the pages' rows (num_pages * page_size). Any page_size >= 1. With varlen q
+  // (cu_seqlens_q; no leftpad_k), sequence b has seqused_k[b] keys (seqused_k_add ignored) or, without seqused_k,
+  // cu_seqlens_k[b + 1] - cu_seqlens_k[b], either clamped to [0, seqlen_k]; cu_seqlens_k may be nullptr then.
   const int* page_table = nullptr;
   int64_t page_table_batch_stride = 0;
   int page_size = 0, num_pages = 0;

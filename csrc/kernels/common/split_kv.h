@@ -65,10 +65,24 @@ struct SplitSeq {
   int k_row0;                  // paged: the logical row of key 0 (leftpad_k)
 
   __device__ SplitSeq(const FwdParams& p, int bidb) {
-    if (p.cu_seqlens_q != nullptr) {  // varlen: no kv-cache fields (dispatch.cpp refuses them)
-      const RowRange q = packed_rows(p.cu_seqlens_q, bidb, p.total_q), k = packed_rows(p.cu_seqlens_k, bidb, p.total_k);
-      len_q = int(q.end - q.begin), len_k = int(k.end - k.begin);
-      q_rows = q.begin, q_batch = 0;
+    if (p.cu_seqlens_q != nullptr) {  // varlen q (dispatch.cpp refuses leftpad_k and kv_batch_idx here)
+      const RowRange q = packed_rows(p.cu_seqlens_q, bidb, p.total_q);
+      len_q = int(q.end - q.begin), q_rows = q.begin, q_batch = 0;
+      if (p.page_table != nullptr) {  // a paged cache: seqused_k[b] rows (clamped), or cu_seqlens_k's length
+        int64_t len = 0;
+        if (p.seqused_k != nullptr) {
+          len = p.seqused_k[bidb];
+        } else {
+          const int64_t begin = p.cu_seqlens_k[bidb], end = p.cu_seqlens_k[bidb + 1];
+          len = end - begin;
+        }
+        len_k = int(len < 0 ? 0 : len > p.seqlen_k ? p.seqlen_k : len);
+        pages = p.page_table + bidb * p.page_table_batch_stride, k_row0 = 0;
+        k_offset = v_offset = 0;
+        return;
+      }
+      const RowRange k = packed_rows(p.cu_seqlens_k, bidb, p.total_k);
+      len_k = int(k.end - k.begin);
       k_offset = k.begin * p.k_row_stride, v_offset = k.begin * p.v_row_stride;
       pages = nullptr, k_row0 = 0;
       return;
