@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from ._combine import flash_attn_combine
 from .bert_padding import pad_input, unpad_input
 from .flash_attn_interface import (
     compiled_head_dims,
@@ -16,6 +17,7 @@ from .flash_attn_interface import (
 
 __all__ = [
     "compiled_head_dims",
+    "flash_attn_combine",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",
