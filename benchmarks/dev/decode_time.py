@@ -1,6 +1,7 @@
 # Decode timing of a few cells (flash_attn2.bench.decode's method, no CSV): one new token per sequence against a
 # KV cache, bf16; graph replay and eager us, GB/s and % of the device copy measured in the same run.
-#   python benchmarks/dev/decode_time.py [h,h_k,d] [b,ctx ...]     IMPLS=flash_attn2,sdpa_cudnn: only those
+#   python benchmarks/dev/decode_time.py [h,h_k,d] [b,ctx ...]     IMPLS=flash_attn2,sdpa_cudnn: only those;
+#   PAGES="0 16 1": the layouts (0 contiguous, n pages of n rows)
 import os
 import sys
 
@@ -14,5 +15,6 @@ impls = os.environ["IMPLS"].split(",") if os.environ.get("IMPLS") else list(IMPL
 warm_up_gpu(1)
 rows = []
 for batch, ctx in cells:
-    rows += run_decode([shape], [batch], [ctx], impls, max_gb=60.0)
+    rows += run_decode([shape], [batch], [ctx], impls, max_gb=60.0,
+                       pages=[int(p) for p in os.environ.get("PAGES", "0").split()])
 print(summary(rows))

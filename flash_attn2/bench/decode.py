@@ -1,14 +1,17 @@
 """Decode benchmark: one new token per sequence against a KV cache of `ctx` tokens, bf16.
 
     python -m flash_attn2.bench.decode [--shapes 32,8,128 64,8,128 32,32,128] [--batches 1 4 16 64 256]
-                                       [--ctxs 1024 4096 16384 32768 131072] [--impls ...] [--out-dir DIR]
+                                       [--ctxs 1024 4096 16384 32768 131072] [--pages 0 1 16 64 256]
+                                       [--impls ...] [--out-dir DIR]
 
 flash_attn2's `flash_attn_with_kvcache` (heuristic splits, and num_splits=1) beside SDPA's cuDNN and flash backends
 (`enable_gqa=True`, the same caches as (batch, heads, ctx, d) views), each timed eagerly (launch and Python
 included) and as CUDA-graph replay (the kernels alone). The caches rotate over copies that together pass 256 MB, so
 no call finds its cache in L2. Per cell: us per call, GB/s = bytes of K and V read / graph time, and % of the
 device-to-device copy bandwidth (read + write) measured in the same run. Cells whose caches pass --max-gb are
-skipped. Writes <out_dir>/<gpu>_decode.csv and, where matplotlib is installed, .png.
+skipped. --pages: cache layouts, 0 contiguous, else paged caches of that page size (pages in random order, the table
+exactly the sequence's pages; SDPA has no paged form and runs on the contiguous layout only). Writes
+<out_dir>/<gpu>_decode.csv and, where matplotlib is installed, .png.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import torch.nn.functional as F
 
 from .grid import gpu_slug, save, warm_up_gpu
 
-COLUMNS = ["gpu", "impl", "heads", "heads_k", "hdim", "batch", "ctx", "us_eager", "us_graph", "gbps", "pct_copy",
-           "copy_gbps"]
+COLUMNS = ["gpu", "impl", "heads", "heads_k", "hdim", "page", "batch", "ctx", "us_eager", "us_graph", "gbps",
+           "pct_copy", "copy_gbps"]
 IMPLS = ("flash_attn2", "flash_attn2_splits1", "sdpa_cudnn", "sdpa_flash")
 SHAPES = ("32,8,128", "64,8,128", "32,32,128")
 
@@ -79,18 +82,37 @@ def time_us(fn, copies: int, graph: bool, rounds: int = 7) -> float:
     return statistics.median(times)
 
 
-def cell_impls(impls, q, caches, seqlens):
-    """{name: fn(copy index)} for one cell."""
+def paged(k, v, page):
+    """(k_pages, v_pages (num_pages, page, h_k, d), table (batch, pages per sequence)): the caches in pages of `page`
+    rows, in random order."""
+    batch, ctx = k.shape[:2]
+    per_seq = -(-ctx // page)
+    table = torch.randperm(batch * per_seq, device=k.device).to(torch.int32).view(batch, per_seq)
+    out = []
+    for cache in (k, v):
+        pages = torch.empty(batch * per_seq, page, *cache.shape[2:], device=cache.device, dtype=cache.dtype)
+        padded = torch.nn.functional.pad(cache, (0, 0, 0, 0, 0, per_seq * page - ctx))
+        pages[table.long().flatten()] = padded.reshape(batch * per_seq, page, *cache.shape[2:])
+        out.append(pages)
+    return out[0], out[1], table
+
+
+def cell_impls(impls, q, caches, seqlens, tables=None):
+    """{name: fn(copy index)} for one cell; tables: the page tables of paged caches (then SDPA does not run)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .. import flash_attn_with_kvcache
 
     runs = {}
+    table = (lambda i: tables[i]) if tables is not None else (lambda i: None)
     if "flash_attn2" in impls:
-        runs["flash_attn2"] = lambda i: flash_attn_with_kvcache(q, *caches[i], cache_seqlens=seqlens, causal=True)
+        runs["flash_attn2"] = lambda i: flash_attn_with_kvcache(q, *caches[i], cache_seqlens=seqlens, causal=True,
+                                                                block_table=table(i))
     if "flash_attn2_splits1" in impls:
         runs["flash_attn2_splits1"] = lambda i: flash_attn_with_kvcache(q, *caches[i], cache_seqlens=seqlens,
-                                                                        causal=True, num_splits=1)
+                                                                        causal=True, num_splits=1, block_table=table(i))
+    if tables is not None:
+        return runs
     qt = q.transpose(1, 2)
     for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION), ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
         if name not in impls:
@@ -104,7 +126,7 @@ def cell_impls(impls, q, caches, seqlens):
     return runs
 
 
-def run_decode(shapes, batches, ctxs, impls, max_gb, log=print):
+def run_decode(shapes, batches, ctxs, impls, max_gb, pages=(0,), log=print):
     gpu = torch.cuda.get_device_name()
     bw = copy_bandwidth()
     log(f"# {gpu}: device copy {bw:.0f} GB/s (read + write)")
@@ -118,29 +140,43 @@ def run_decode(shapes, batches, ctxs, impls, max_gb, log=print):
                 if kv_bytes * copies > max_gb * 1e9:
                     continue
                 q = torch.randn(batch, 1, heads, d, device="cuda", dtype=torch.bfloat16)
-                caches = [tuple(torch.randn(batch, ctx, heads_k, d, device="cuda", dtype=torch.bfloat16)
-                                for _ in range(2)) for _ in range(copies)]
                 seqlens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-                for name, fn in cell_impls(impls, q, caches, seqlens).items():
-                    try:
-                        eager, graph = time_us(fn, copies, False), time_us(fn, copies, True)
-                    except RuntimeError as e:  # e.g. a backend that does not take the shape
-                        log(f"# {name} h {heads}/{heads_k} b {batch} ctx {ctx}: {str(e).splitlines()[0][:120]}")
-                        continue
-                    gbps = kv_bytes / (graph * 1e-6) / 1e9
-                    row = dict(gpu=gpu, impl=name, heads=heads, heads_k=heads_k, hdim=d, batch=batch, ctx=ctx,
-                               us_eager=round(eager, 2), us_graph=round(graph, 2), gbps=round(gbps),
-                               pct_copy=round(100 * gbps / bw, 1), copy_gbps=round(bw))
-                    rows.append(row)
-                    log(",".join(str(row[c]) for c in COLUMNS))
-                del caches
-                torch.cuda.empty_cache()
+                for page in pages:
+                    rows += time_cell(gpu, bw, impls, heads, heads_k, d, batch, ctx, page, q, seqlens, copies,
+                                      kv_bytes, log)
+    return rows
+
+
+def time_cell(gpu, bw, impls, heads, heads_k, d, batch, ctx, page, q, seqlens, copies, kv_bytes, log):
+    """The rows of one (shape, batch, ctx, layout) cell: page 0 contiguous caches, else paged ones."""
+    caches = [tuple(torch.randn(batch, ctx, heads_k, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+              for _ in range(copies)]
+    tables = None
+    if page:
+        made = [paged(k, v, page) for k, v in caches]
+        caches, tables = [(k, v) for k, v, _ in made], [t for _, _, t in made]
+    rows = []
+    for name, fn in cell_impls(impls, q, caches, seqlens, tables).items():
+        try:
+            eager, graph = time_us(fn, copies, False), time_us(fn, copies, True)
+        except RuntimeError as e:  # e.g. a backend that does not take the shape
+            log(f"# {name} h {heads}/{heads_k} b {batch} ctx {ctx} page {page}: {str(e).splitlines()[0][:120]}")
+            continue
+        gbps = kv_bytes / (graph * 1e-6) / 1e9
+        row = dict(gpu=gpu, impl=name, heads=heads, heads_k=heads_k, hdim=d, page=page, batch=batch, ctx=ctx,
+                   us_eager=round(eager, 2), us_graph=round(graph, 2), gbps=round(gbps),
+                   pct_copy=round(100 * gbps / bw, 1), copy_gbps=round(bw))
+        rows.append(row)
+        log(",".join(str(row[c]) for c in COLUMNS))
+    del caches, tables
+    torch.cuda.empty_cache()
     return rows
 
 
 def summary(rows, impl="flash_attn2", base="sdpa_cudnn") -> str:
     """Graph-time ratios base / impl (> 1: impl faster) over the cells both ran."""
-    times = {(r["impl"], r["heads"], r["heads_k"], r["batch"], r["ctx"]): r["us_graph"] for r in rows}
+    times = {(r["impl"], r["heads"], r["heads_k"], r["batch"], r["ctx"]): r["us_graph"] for r in rows
+             if not r.get("page")}
     ratios = [(times[(base, *k[1:])] / t, k[1:]) for k, t in times.items() if k[0] == impl and (base, *k[1:]) in times]
     if not ratios:
         return f"no cell with both {impl} and {base}"
@@ -158,11 +194,12 @@ def plot(rows, path):
     fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4.5), squeeze=False)
     for ax, (h, hk, d) in zip(axes[0], shapes):
         cells = sorted({(r["batch"], r["ctx"]) for r in rows if (r["heads"], r["heads_k"], r["hdim"]) == (h, hk, d)})
-        for impl in IMPLS:
+        for impl, page in sorted({(r["impl"], r.get("page", 0)) for r in rows}):
             ys = {(r["batch"], r["ctx"]): r["gbps"] for r in rows
-                  if r["impl"] == impl and (r["heads"], r["heads_k"], r["hdim"]) == (h, hk, d)}
+                  if (r["impl"], r.get("page", 0)) == (impl, page) and (r["heads"], r["heads_k"], r["hdim"]) == (h, hk, d)}
             if ys:
-                ax.plot(range(len(cells)), [ys.get(c, float("nan")) for c in cells], marker="o", label=impl)
+                ax.plot(range(len(cells)), [ys.get(c, float("nan")) for c in cells], marker="o",
+                        label=impl + (f" page {page}" if page else ""))
         ax.set_xticks(range(len(cells)), [f"{b}x{c // 1024}k" for b, c in cells], rotation=60, fontsize=7)
         ax.set_title(f"h {h} / h_kv {hk}, d {d}")
         ax.set_ylabel("GB/s of K + V (graph replay)")
@@ -179,6 +216,7 @@ def main(argv=None):
     p.add_argument("--batches", nargs="+", type=int, default=[1, 4, 16, 64, 256])
     p.add_argument("--ctxs", nargs="+", type=int, default=[1024, 4096, 16384, 32768, 131072])
     p.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    p.add_argument("--pages", nargs="+", type=int, default=[0], help="0: contiguous caches; n: pages of n rows")
     p.add_argument("--max-gb", type=float, default=40.0, help="skip cells whose rotated caches pass this")
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
@@ -186,7 +224,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("the decode benchmark needs a CUDA GPU")
     warm_up_gpu(args.warmup_s)
-    rows = run_decode(args.shapes, args.batches, args.ctxs, args.impls, args.max_gb)
+    rows = run_decode(args.shapes, args.batches, args.ctxs, args.impls, args.max_gb, args.pages)
     if rows:
         print(summary(rows))
         save(rows, args.out_dir, "_decode", COLUMNS, plot)
