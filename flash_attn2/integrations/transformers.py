@@ -72,11 +72,19 @@ _USE_INSTEAD = "; use attn_implementation='sdpa' or 'eager' for this model"
 
 
 def register() -> None:
-    """Make `attn_implementation="flash_attn2"` available to every transformers model. Idempotent."""
+    """Make `attn_implementation="flash_attn2"` available to every transformers model, and "paged|flash_attn2" to
+    continuous batching (`generate_batch`: transformers' own paged attention function, which calls our
+    flash_attn_varlen_func and flash_attn_with_kvcache with a block table). Idempotent."""
     AttentionInterface.register(ATTN_IMPLEMENTATION, flash_attn2_attention_forward)
+    AttentionInterface.register(f"paged|{ATTN_IMPLEMENTATION}", _paged_attention_forward())
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, flash_attn2_mask)
     # transformers preloads every "flash" implementation through a private function; answered with these
     _private.install(ATTN_IMPLEMENTATION, _flash_functions)
+
+
+def _paged_attention_forward():
+    from transformers.integrations.flash_paged import paged_attention_forward
+    return paged_attention_forward
 
 
 def _flash_functions():
