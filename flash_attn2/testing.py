@@ -172,3 +172,28 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
         outs.append(o)
         lses.append(l)
     return torch.cat(outs), torch.cat(lses), k_cache, v_cache
+
+
+def attention_bwd_ref(q, k, v, out, lse, dout, causal=False, softmax_scale=None):
+    """The attention backward of one block from the whole row's out and lse (what a ring's block backward computes):
+    P = exp(scale S - lse), D = rowsum(dO o O), dS = P (dP - D); returns (dq, dk, dv), dk / dv summed over each kv
+    head's query heads (GQA). q (b, sq, h, d), k / v (b, sk, hk, d), out / dout like q, lse (b, h, sq); float64 works."""
+    group = q.shape[2] // k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    kx, vx = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bthd,bshd->bhts", q, kx) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        diag = torch.arange(sq, device=q.device).view(-1, 1) + sk - sq
+        s = s.masked_fill(torch.arange(sk, device=q.device).view(1, -1) > diag, -math.inf)
+    finite_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.exp(s - finite_lse.unsqueeze(-1))
+    p = torch.where(torch.isinf(lse).unsqueeze(-1), torch.zeros_like(p), p)
+    dv = torch.einsum("bhts,bthd->bshd", p, dout)
+    dp = torch.einsum("bthd,bshd->bhts", dout, vx)
+    d_row = (dout * out).sum(-1).transpose(1, 2)  # (b, h, sq)
+    ds = p * (dp - d_row.unsqueeze(-1))
+    dq = torch.einsum("bhts,bshd->bthd", ds, kx) * scale
+    dk = torch.einsum("bhts,bthd->bshd", ds, q) * scale
+    fold = lambda t: t.view(t.shape[0], t.shape[1], k.shape[2], group, t.shape[3]).sum(3)  # noqa: E731
+    return dq, fold(dk), fold(dv)

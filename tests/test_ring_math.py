@@ -1,0 +1,147 @@
+"""flash_attn2.distributed's schedule and merge, emulated in one process on the CPU (float64): every rank's ring steps
+run its tasks with reference block attention, merge them, and the unsharded result must equal full attention; the
+backward sums each block's gradients (from the whole row's out and lse) into the query's and the key source's
+shards. The GPU drivers run the same tasks (issue #51)."""
+
+import math
+
+import pytest
+import torch
+
+from flash_attn2.distributed import CAUSAL, CAUSAL_STRICT, FULL, coverage, merge_partial, ring_tasks, shard_indices
+from flash_attn2.testing import attention_bwd_ref, attention_ref
+
+LAYOUTS = ["contiguous", "zigzag", "stripe"]
+
+
+def run_block(q, k, v, task, fn):
+    """A task's block with `fn(q, k, v, causal)`, its rows [0, 1) empty for CAUSAL_STRICT (rows [1:) against keys [:-1),
+    as the kernels run it). Returns what fn returns for the rows it ran, and the row offset."""
+    qb, kb, vb = q[:, task.q[0]:task.q[1]], k[:, task.k[0]:task.k[1]], v[:, task.k[0]:task.k[1]]
+    if task.mask == CAUSAL_STRICT:
+        return fn(qb[:, 1:], kb[:, :-1], vb[:, :-1], True), 1
+    return fn(qb, kb, vb, task.mask == CAUSAL), 0
+
+
+def emulate(layout, world, causal, q, k, v, dout):
+    """Ring forward and backward of every rank; returns unsharded (out, lse, dq, dk, dv)."""
+    batch, seqlen, heads = q.shape[:3]
+    idx = [torch.tensor(shard_indices(layout, seqlen, world, r)) for r in range(world)]
+    qs, ks, vs, dos = ([t[:, i] for i in idx] for t in (q, k, v, dout))
+    outs, lses = [], []
+    for r in range(world):
+        out = torch.zeros_like(qs[r])
+        lse = torch.full((batch, heads, qs[r].shape[1]), -math.inf, dtype=q.dtype)
+        for step in range(world):
+            src = (r - step) % world
+            for task in ring_tasks(layout, seqlen, world, r, step, causal):
+                (bo, bl), off = run_block(qs[r], ks[src], vs[src], task,
+                                          lambda a, b, c, cz: attention_ref(a, b, c, cz))
+                rows = slice(task.q[0] + off, task.q[1])
+                o, l = out[:, rows].clone(), lse[:, :, rows].clone()
+                merge_partial(o, l, bo, bl)
+                out[:, rows], lse[:, :, rows] = o, l
+        outs.append(out)
+        lses.append(lse)
+    dqs = [torch.zeros_like(t) for t in qs]
+    dks, dvs = [torch.zeros_like(t) for t in ks], [torch.zeros_like(t) for t in vs]
+    for r in range(world):
+        for step in range(world):
+            src = (r - step) % world
+            for task in ring_tasks(layout, seqlen, world, r, step, causal):
+                rows = slice(task.q[0], task.q[1])
+                o, l, d = outs[r][:, rows], lses[r][:, :, rows], dos[r][:, rows]
+
+                def bwd(a, b, c, cz, o=o, l=l, d=d):
+                    cut = slice(1, None) if task.mask == CAUSAL_STRICT else slice(None)
+                    return attention_bwd_ref(a, b, c, o[:, cut], l[:, :, cut], d[:, cut], cz)
+                (dq, dk, dv), off = run_block(qs[r], ks[src], vs[src], task, bwd)
+                dqs[r][:, task.q[0] + off:task.q[1]] += dq
+                keys = slice(task.k[0], task.k[1] - (1 if task.mask == CAUSAL_STRICT else 0))
+                dks[src][:, keys] += dk
+                dvs[src][:, keys] += dv
+
+    def unshard(parts, dim=1):
+        full = torch.empty(parts[0].shape[0], seqlen, *parts[0].shape[2:], dtype=parts[0].dtype) if dim == 1 else \
+            torch.empty(*parts[0].shape[:2], seqlen, dtype=parts[0].dtype)
+        for i, part in zip(idx, parts):
+            if dim == 1:
+                full[:, i] = part
+            else:
+                full[:, :, i] = part
+        return full
+    return unshard(outs), unshard(lses, 2), unshard(dqs), unshard(dks), unshard(dvs)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,heads_k", [(4, 4), (4, 2), (4, 1)])
+def test_ring_matches_full_attention(layout, world, causal, heads, heads_k):
+    torch.manual_seed(world * 7 + heads_k)
+    seqlen = 4 * world * 3  # divisible by 2 x world (zigzag), chunks of 6 tokens
+    q = torch.randn(2, seqlen, heads, 16, dtype=torch.float64)
+    k, v = (torch.randn(2, seqlen, heads_k, 16, dtype=torch.float64) for _ in range(2))
+    dout = torch.randn_like(q)
+    out, lse, dq, dk, dv = emulate(layout, world, causal, q, k, v, dout)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = attention_ref(*leaves, causal)
+    ref_grads = torch.autograd.grad(ref, leaves, dout)
+    assert torch.allclose(out, ref, atol=1e-10) and torch.allclose(lse, ref_lse, atol=1e-10)
+    for name, g, r in zip("qkv", (dq, dk, dv), ref_grads):
+        assert torch.allclose(g, r, atol=1e-9), name
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_visible_pair_once(layout, world, causal):
+    seqlen = 2 * world * 3
+    counts = coverage(layout, seqlen, world, causal)
+    visible = {(i, j) for i in range(seqlen) for j in range(seqlen) if not causal or j <= i}
+    assert set(counts) == visible and set(counts.values()) == {1}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_zigzag_balances_the_causal_work(world):
+    """After step 0 every rank computes the same number of (query, key) pairs at every step (zigzag's point)."""
+    seqlen = 2 * world * 4
+
+    def work(rank, step):
+        pairs = 0
+        for t in ring_tasks("zigzag", seqlen, world, rank, step, True):
+            n_q, n_k = t.q[1] - t.q[0], t.k[1] - t.k[0]
+            pairs += n_q * n_k if t.mask == FULL else n_q * (n_q + 1) // 2
+        return pairs
+    for step in range(1, world):
+        assert len({work(rank, step) for rank in range(world)}) == 1, step
+    assert len({work(rank, 0) for rank in range(world)}) == 1
+
+
+def test_zigzag_is_pytorchs_head_tail_order():
+    lb_module = pytest.importorskip("torch.distributed.tensor.experimental._context_parallel._load_balancer")
+    for seqlen, world in ((16, 2), (48, 4), (24, 3)):
+        order = lb_module._HeadTailLoadBalancer(seqlen, world, torch.device("cpu"))._generate_indices()
+        ours = [p for r in range(world) for p in shard_indices("zigzag", seqlen, world, r)]
+        assert order.flatten().tolist() == ours
+
+
+def test_merge_edge_cases():
+    """Rows with no key on either side stay out 0 / lse -inf; a first empty side takes the other; LSE gaps of +-80."""
+    out = torch.zeros(1, 3, 1, 2)
+    lse = torch.tensor([[[-math.inf, -math.inf, 0.0]]])
+    bout = torch.tensor([[[[1.0, 2.0]], [[3.0, 4.0]], [[5.0, 6.0]]]])
+    blse = torch.tensor([[[-math.inf, 1.0, 80.0]]])
+    merge_partial(out, lse, bout, blse)
+    assert torch.equal(out[0, 0, 0], torch.zeros(2)) and lse[0, 0, 0] == -math.inf
+    assert torch.equal(out[0, 1, 0], torch.tensor([3.0, 4.0])) and lse[0, 0, 1] == 1.0
+    assert torch.allclose(out[0, 2, 0], torch.tensor([5.0, 6.0])) and torch.isfinite(out).all()
+    assert torch.allclose(lse[0, 0, 2], torch.tensor(80.0))
+
+
+@pytest.mark.parametrize("layout,seqlen,world,match", [
+    ("zigzag", 10, 4, "divisible by 8"), ("contiguous", 10, 3, "divisible by 3"), ("ring", 8, 2, "layout must be"),
+])
+def test_bad_layouts_raise(layout, seqlen, world, match):
+    with pytest.raises(ValueError, match=match):
+        ring_tasks(layout, seqlen, world, 0, 0, True)
