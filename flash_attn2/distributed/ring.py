@@ -1,0 +1,241 @@
+"""Ring attention over torch.distributed: ring-flash-attn 0.1.8's functions on flash_attn2's kernels.
+
+Each rank holds its shard of q, k, v (the layout's tokens: contiguous, zigzag or stripe; `zigzag_shard` /
+`stripe_shard` make them) and gets its shard of the output. K and V travel around the ring packed in one buffer,
+the next hop's exchange in flight while this step's blocks (the shared schedule, `_schedule.ring_tasks`) run; the
+partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K and V and carries each block's dK / dV
+sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32 and come back in the inputs' dtype.
+GQA rotates the kv heads only.
+
+Not yet: varlen and the all-gather (llama3) forms, windows, dropout, ALiBi, softcap on the ring (each raises
+NotImplementedError naming it), overlap of the backward's exchange, torch.compile without a graph break.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ._merge import merge_partial
+from ._schedule import CAUSAL, CAUSAL_STRICT, ring_tasks, shard_indices
+
+
+# ---- Block backends: what a task runs. The kernels' (default), or a reference on the CPU (the gloo tests). ----
+
+class KernelBackend:
+    """flash_attn2's forward and backward ops on one block."""
+
+    @staticmethod
+    def forward(q, k, v, causal, scale):
+        from .. import _ops
+        out, lse, _ = _ops.fwd(q, k, v, None, None, 0, 0, scale, causal, -1, -1, 0.0, None, False)
+        return out, lse
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
+        from .. import _ops
+        return _ops.bwd(dout, q, k, v, out.to(q.dtype), lse.contiguous(), None, None, 0, 0, scale, causal, -1, -1, 0.0,
+                        None, deterministic)
+
+
+class ReferenceBackend:
+    """flash_attn2.testing's reference attention (any device and dtype; for tests)."""
+
+    @staticmethod
+    def forward(q, k, v, causal, scale):
+        from ..testing import attention_ref
+        return attention_ref(q, k, v, causal, scale)
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
+        from ..testing import attention_bwd_ref
+        return attention_bwd_ref(q, k, v, out.to(q.dtype), lse, dout, causal, scale)
+
+
+def _block(task, q, k, v):
+    """A task's (q, k, v) block and the first local query row it writes: CAUSAL_STRICT runs rows [1:) against keys
+    [:-1) with causal=True (row 0 sees nothing)."""
+    qb, kb, vb = q[:, task.q[0]:task.q[1]], k[:, task.k[0]:task.k[1]], v[:, task.k[0]:task.k[1]]
+    if task.mask == CAUSAL_STRICT:
+        return qb[:, 1:], kb[:, :-1], vb[:, :-1], True, task.q[0] + 1, (task.k[0], task.k[1] - 1)
+    return qb, kb, vb, task.mask == CAUSAL, task.q[0], task.k
+
+
+# ---- Communication ----
+
+class RingComm:
+    """Sends a flat buffer to the next rank and receives the previous rank's into a buffer of the same size, as one
+    batched P2P; the group's first exchange follows a barrier (every rank must join the first batched P2P)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group is not None else \
+            (self.rank + 1) % self.world
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group is not None else \
+            (self.rank - 1) % self.world
+        self._started = False
+
+    def exchange(self, send: torch.Tensor):
+        """Starts sending `send` on and receiving the previous rank's; returns (receive buffer, requests)."""
+        if not self._started:
+            dist.barrier(group=self.group)
+            self._started = True
+        recv = torch.empty_like(send)
+        ops = [dist.P2POp(dist.isend, send, self.next, self.group), dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+        return recv, dist.batch_isend_irecv(ops)
+
+
+def _pack(*tensors):
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unpack(flat, like):
+    out, i = [], 0
+    for t in like:
+        out.append(flat[i:i + t.numel()].view(t.shape))
+        i += t.numel()
+    return out
+
+
+# ---- Forward and backward ----
+
+def ring_forward(q, k, v, layout, causal, scale, group, backend):
+    """This rank's (out fp32, lse) over every rank's keys."""
+    comm = RingComm(group)
+    seqlen = q.shape[1] * comm.world
+    out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
+    kv = _pack(k, v)
+    for step in range(comm.world):
+        pending = comm.exchange(kv) if step + 1 < comm.world else None
+        k_cur, v_cur = _unpack(kv, (k, v))
+        for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
+            qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
+            bout, blse = backend.forward(qb, kb, vb, block_causal, scale)
+            rows = slice(row0, task.q[1])
+            o, l = out[:, rows].clone(), lse[:, :, rows].clone()
+            merge_partial(o, l, bout, blse)
+            out[:, rows], lse[:, :, rows] = o, l
+        if pending is not None:
+            kv, reqs = pending
+            for req in reqs:
+                req.wait()
+    return out, lse
+
+
+def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic):
+    """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries."""
+    comm = RingComm(group)
+    seqlen = q.shape[1] * comm.world
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
+    kv = _pack(k, v)
+    for step in range(comm.world):
+        k_cur, v_cur = _unpack(kv, (k, v))
+        for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
+            qb, kb, vb, block_causal, row0, keys = _block(task, q, k_cur, v_cur)
+            rows = slice(row0, task.q[1])
+            bdq, bdk, bdv = backend.backward(dout[:, rows], qb, kb, vb, out[:, rows], lse[:, :, rows], block_causal,
+                                             scale, deterministic)
+            dq[:, rows] += bdq
+            dk[:, keys[0]:keys[1]] += bdk
+            dv[:, keys[0]:keys[1]] += bdv
+        # The held block's dK / dV sum travels on with it (its keys and values too, but for the last hop): after the
+        # world-th hop every sum is back on the rank that holds its keys.
+        dkv, reqs = comm.exchange(_pack(dk, dv) if step + 1 == comm.world else _pack(dk, dv, k_cur, v_cur))
+        for req in reqs:
+            req.wait()
+        if step + 1 < comm.world:
+            dk, dv, k_next, v_next = _unpack(dkv, (dk, dv, k, v))
+            kv = _pack(k_next, v_next)
+        else:
+            dk, dv = _unpack(dkv, (dk, dv))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, layout, causal, scale, group, backend, deterministic):
+        out, lse = ring_forward(q, k, v, layout, causal, scale, group, backend)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        ctx.args = (layout, causal, scale, group, backend, deterministic)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+               return_attn_probs, group, backend=None, softcap=0.0):
+    if dropout_p:
+        raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the ring is not supported")
+    if tuple(window_size) != (-1, -1):
+        raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet")
+    if alibi_slopes is not None:
+        raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the ring is not supported")
+    if softcap:
+        raise NotImplementedError("flash_attn2.distributed: softcap on the ring is not supported yet")
+    if not dist.is_initialized():
+        raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
+    world = dist.get_world_size(group)
+    shard_indices(layout, q.shape[1] * world, world, 0)  # the layout's divisibility, before any collective
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    backend = backend or KernelBackend
+    out, lse = _RingAttention.apply(q, k, v, layout, bool(causal), scale, group, backend, bool(deterministic))
+    return (out, lse, None) if return_attn_probs else out
+
+
+def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                         alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None):
+    """ring-flash-attn's ring_flash_attn_func: each rank's q, k, v (batch, seqlen / world, heads, d) are consecutive
+    tokens (rank r holds [r L, (r + 1) L)); returns this rank's out (and with return_attn_probs, (out, lse, None))."""
+    return _ring_func("contiguous", q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes,
+                      deterministic, return_attn_probs, group)
+
+
+def zigzag_ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                                alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None):
+    """ring-flash-attn's zigzag_ring_flash_attn_func: rank r holds chunks r and 2 world - 1 - r of 2 world
+    (zigzag_shard), which balances causal work."""
+    return _ring_func("zigzag", q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                      return_attn_probs, group)
+
+
+def stripe_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, group=None):
+    """ring-flash-attn's stripe_flash_attn_func: rank r holds tokens r, r + world, ... (stripe_shard)."""
+    return _ring_func("stripe", q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+                      return_attn_probs, group)
+
+
+def _layout_shard(layout, x, rank, world, dim):
+    idx = torch.tensor(shard_indices(layout, x.shape[dim], world, rank), device=x.device)
+    return x.index_select(dim, idx)
+
+
+def zigzag_shard(x, rank, world, dim=1):
+    """This rank's zigzag shard of a full sequence (PyTorch's head-tail load balancer's order)."""
+    return _layout_shard("zigzag", x, rank, world, dim)
+
+
+def stripe_shard(x, rank, world, dim=1):
+    return _layout_shard("stripe", x, rank, world, dim)
+
+
+def unshard(parts, layout, dim=1):
+    """The full sequence from every rank's shard (in rank order)."""
+    world = len(parts)
+    seqlen = parts[0].shape[dim] * world
+    shape = list(parts[0].shape)
+    shape[dim] = seqlen
+    full = parts[0].new_empty(shape)
+    for rank, part in enumerate(parts):
+        idx = torch.tensor(shard_indices(layout, seqlen, world, rank), device=part.device)
+        full.index_copy_(dim, idx, part)
+    return full
