@@ -62,9 +62,62 @@ def test_bad_use_raises_before_any_collective():
             ring.ring_flash_attn_func(q, q, q)
 
 
+def test_llama3_refuses_a_non_causal_window():
+    from flash_attn2.distributed import llama3
+    x = torch.zeros(8, 2, 8)
+    with pytest.raises(NotImplementedError, match="window_size without causal"):
+        llama3.llama3_flash_attn_varlen_func(x, x, x, None, None, 4, 4, 1, slice(0, 8), window_size=(2, 2))
+
+
 def test_shard_unshard_roundtrip():
     x = torch.arange(2 * 24).view(2, 24)
     for layout in ("contiguous", "zigzag", "stripe"):
         parts = [ring._layout_shard(layout, x, r, 4, 1) for r in range(4)]
         assert torch.equal(ring.unshard(parts, layout, 1), x)
     assert ring.zigzag_shard(x, 0, 4, 1)[0].tolist() == [0, 1, 2, 21, 22, 23]
+
+
+def _llama3_worker(rank, world, store_path, cases, results):
+    from flash_attn2.distributed import llama3
+    from flash_attn2.testing import attention_ref_varlen
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        for i, (docs, causal, heads, heads_k, stride, window) in enumerate(cases):
+            torch.manual_seed(i)
+            cu = torch.tensor([0] + docs).cumsum(0).to(torch.int32)
+            total = int(cu[-1])
+            q = torch.randn(total, heads, 8, dtype=torch.float64)
+            k, v = (torch.randn(total, heads_k, 8, dtype=torch.float64) for _ in range(2))
+            dout = torch.randn_like(q)
+            per = total // world
+            mine = slice(rank * per, (rank + 1) * per)
+            cu_q, cu_k, max_q, max_k, k_slice = llama3.llama3_flash_attn_prepare_cu_seqlens(cu, causal, rank, world)
+            ql, kl, vl = (t[mine].clone().requires_grad_() for t in (q, k, v))
+            out, lse, _ = llama3.llama3_flash_attn_varlen_func(
+                ql, kl, vl, cu_q, cu_k, max_q, max_k, stride, k_slice, causal=causal, window_size=window,
+                return_attn_probs=True, _backend=llama3.ReferenceVarlenBackend)
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref, ref_lse = attention_ref_varlen(*leaves, cu, cu, causal, window=window)
+            errors = [(out - ref[mine]).abs().max().item(), (lse - ref_lse[:, mine]).abs().max().item()]
+            if window == (-1, -1):
+                grads = torch.autograd.grad(out, (ql, kl, vl), dout[mine])
+                ref_grads = torch.autograd.grad(ref, leaves, dout)
+                errors += [(g - r[mine]).abs().max().item() for g, r in zip(grads, ref_grads)]
+            results[(rank, i)] = max(errors)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_llama3_all_gather_over_gloo(world):
+    """Documents of any length (one spanning every rank, an empty one), GQA, heads_k_stride 1 and all, a window."""
+    cases = [([13, 0, 30, 5, 8, 24], True, 4, 2, 1, (-1, -1)), ([13, 0, 30, 5, 8, 24], False, 4, 2, 2, (-1, -1)),
+             ([80], True, 4, 4, 2, (-1, -1)), ([3, 77], True, 4, 1, 1, (5, 0)), ([40, 40], True, 2, 2, 1, (6, 3))]
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_llama3_worker, args=(world, os.path.join(tmp, "store"), cases, results), nprocs=world, join=True)
+        worst = dict(results.items())
+    assert len(worst) == world * len(cases)
+    bad = {i: err for (rank, i), err in worst.items() if not err <= 1e-9}
+    assert not bad, bad
