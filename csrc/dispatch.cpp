@@ -228,6 +228,9 @@ std::string fwd_params_problem(const FwdParams& p) {
   if (p.page_table != nullptr && (p.page_size < 1 || p.num_pages < 1 || p.kv_batch_idx != nullptr)) {
     return "page_table needs page_size >= 1 and num_pages >= 1, and no kv_batch_idx";
   }
+  if (p.page_table != nullptr && (p.k_batch_stride % 8 != 0 || p.v_batch_stride % 8 != 0)) {
+    return "with page_table, the k / v page strides (k/v_batch_stride) must be multiples of 8 elements";
+  }
   if (p.dropout_p > 0.f && (kv_cache || p.kv_splits > 1)) return "dropout_p must be 0 with a KV cache or kv_splits > 1";
   if (p.kv_splits < 0 || p.kv_splits > kMaxKvSplits) return "kv_splits must be in 0..kMaxKvSplits (128)";
   if (p.seqused_k_add < 0) return "seqused_k_add must be >= 0";
@@ -316,6 +319,8 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
     if ((fwd = kernels(bucket, p.dtype).fwd_split) == nullptr) return no_kernel(p, "split-KV forward");
     if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
     plan.kv_splits = split_count(p, bucket, plan.device);
+    // No partial rows (varlen with a max_seqlen_q hint of 0): every tile runs whole on split 0 anyway.
+    if (fwd_split_accum_elems(p, plan.kv_splits) == 0) plan.kv_splits = 1;
     if (plan.kv_splits > 1 && p.split_accum == nullptr) {
       if (p.kv_splits > 1) return fail(cudaErrorInvalidValue, "kv_splits > 1 needs split_accum (fwd_split_accum_elems)");
       plan.kv_splits = 1;

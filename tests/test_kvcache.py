@@ -338,9 +338,10 @@ def test_paged_table_padding_and_strides(page, num_splits):
 
 @gpu
 @pytest.mark.parametrize("page", [1, 16])
-@pytest.mark.parametrize("call", ["vllm", "sglang"])
+@pytest.mark.parametrize("call", ["vllm", "vllm_cu_seqlens_k", "sglang"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_varlen_q_against_paged_cache(page, call, causal):
+@pytest.mark.parametrize("num_splits,hint", [(0, "exact"), (3, "exact"), (3, "short")])
+def test_varlen_q_against_paged_cache(page, call, causal, num_splits, hint):
     """vLLM's call (flash_attn_varlen_func with seqused_k and block_table, cu_seqlens_k None) and SGLang's
     (flash_attn_with_kvcache with cu_seqlens_q, cache_seqlens and page_table, softmax_lse returned): a mixed batch
     of decode rows and short chunks, an empty sequence, against each sequence's own reference."""
@@ -355,14 +356,20 @@ def test_varlen_q_against_paged_cache(page, call, causal):
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
     seqused = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
     q = randn(int(cu_q[-1]), heads, d, dtype=dtype)
+    max_q = max(lens_q) if hint == "exact" else 1  # a short hint: the rows past it still computed
     if call == "vllm":
-        out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, max(lens_q), max(lens_k),
+        out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, max_q, max(lens_k),
                                                          causal=causal, block_table=table, seqused_k=seqused,
+                                                         num_splits=num_splits, return_attn_probs=True)
+    elif call == "vllm_cu_seqlens_k":  # lengths from cu_seqlens_k, no seqused_k
+        cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+        out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max_q, max(lens_k),
+                                                         causal=causal, block_table=table, num_splits=num_splits,
                                                          return_attn_probs=True)
     else:
         out, lse = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqused, page_table=table,
-                                           cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q), causal=causal,
-                                           return_softmax_lse=True)
+                                           cu_seqlens_q=cu_q, max_seqlen_q=max_q, causal=causal,
+                                           num_splits=num_splits, return_softmax_lse=True)
     dense_k, dense_v = from_pages(k_pages, table), from_pages(v_pages, table)
     capacity = dense_k.shape[1]
     for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):

@@ -106,8 +106,21 @@ def test_opcheck_kvcache(head_dim, append):
     seqlens = torch.tensor([5, 63], dtype=torch.int32, device="cuda")
     angle = torch.rand(64, 16, device="cuda")
     cos, sin = (angle.cos().to(BF16), angle.sin().to(BF16)) if append else (None, None)
-    torch.library.opcheck(_ops.fwd_kvcache, (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, None, 0.125,
-                                             True, -1, 0, 0.0, False, None, 0))
+    torch.library.opcheck(_ops.fwd_kvcache, (q, k_cache, v_cache, k, v, cos, sin, seqlens, None, None, None, None, None,
+                                             0, 0.125, True, -1, 0, 0.0, False, None, 0))
+
+
+@gpu
+def test_opcheck_kvcache_varlen_paged():
+    """The op's varlen-q form against a paged cache (SGLang's / vLLM's calls): lse (nheads, total_q)."""
+    require_kernel(64, BF16)
+    q = randn(7, 4, 64, dtype=BF16)
+    k_pages, v_pages = (randn(6, 16, 2, 64, dtype=BF16) for _ in range(2))
+    table = torch.tensor([[0, 3], [5, 1], [2, 4]], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, 1, 4, 7], dtype=torch.int32, device="cuda")
+    seqlens = torch.tensor([20, 3, 32], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(_ops.fwd_kvcache, (q, k_pages, v_pages, None, None, None, None, seqlens, None, None, table,
+                                             cu_q, None, 3, 0.125, True, -1, 0, 0.0, True, None, 0))
 
 
 def dense(batch, seqlen_q, seqlen_k, heads=4, heads_k=2, head_dim=64):

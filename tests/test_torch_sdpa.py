@@ -82,8 +82,10 @@ def _inputs(batch, heads, heads_k, seqlen_q, seqlen_k, d, dtype=torch.bfloat16, 
 def test_sdpa_flash_matches_direct_and_reference(active, d, causal, heads_k):
     if d not in flash_attn2.compiled_head_dims(torch.bfloat16):
         pytest.skip(f"head dim {d} bf16 not compiled")
-    q, k, v = _inputs(2, 8, heads_k, 300, 517, d)
-    dout = torch.randn(2, 8, 300, d, device="cuda", dtype=torch.bfloat16)
+    # SDPA's flash backend takes is_causal only for equal lengths (and aligns it top-left): square when causal.
+    seqlen_q, seqlen_k = (300, 300) if causal else (300, 517)
+    q, k, v = _inputs(2, 8, heads_k, seqlen_q, seqlen_k, d)
+    dout = torch.randn(2, 8, seqlen_q, d, device="cuda", dtype=torch.bfloat16)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=heads_k != 8)
     grads = torch.autograd.grad(out, (q, k, v), dout)
@@ -155,7 +157,7 @@ def test_varlen_attn_matches_direct(active):
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    out = varlen_attn(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
+    out = varlen_attn(q, k, v, cu, cu, max(lens), max(lens), window_size=(-1, 0))  # (-1, 0): causal
     direct = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
     assert max_error(out, direct) <= 1e-2 if not torch.equal(out, direct) else True
     dout = torch.randn_like(out)

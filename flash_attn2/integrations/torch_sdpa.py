@@ -15,7 +15,10 @@ PyTorch's meta functions say), GQA shapes pass through unexpanded, dropout draws
 hands back the (seed, offset) pair as SDPA's rng_state, so SDPA's backward contract holds.
 
 A call flash_attn2 cannot serve (a head dim or dtype its build lacks, `seqused_k`, `return_debug_mask=True`) runs
-PyTorch's kernel for that op, captured before the override, and is logged once per reason.
+PyTorch's kernel for that op, captured before the override, and is logged once per reason; the backward's fallback
+follows the same rule on what it sees, so both halves of a call agree (they differ only in what needs the dropout
+mask: `return_debug_mask` with dropout raises). Without dropout, PyTorch's forward and ours compute the same out
+and LSE, so either backward serves either forward.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import warnings
 
 import torch
 from torch.library import Library
+
+from .._checks import check_alibi_slopes
 
 NAME = "flash_attn2"
 logger = logging.getLogger(__name__)
@@ -67,10 +72,17 @@ def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_d
     if return_debug_mask:
         return "return_debug_mask=True"
     head_dim = q.shape[-1]
-    bucket = -(-head_dim // 32) * 32
-    if not 0 < head_dim <= 256 or _ops.ext.fwd_head_dim_bucket(bucket, q.dtype == torch.bfloat16) != bucket:
+    if not 0 < head_dim <= 256 or _ops.ext.fwd_head_dim_bucket(head_dim, q.dtype == torch.bfloat16) == 0:
         return f"head dim {head_dim} in {q.dtype} is not compiled in this flash_attn2 build"
     return None
+
+
+def _check_debug_mask(return_debug_mask: bool, dropout_p: float) -> None:
+    """PyTorch's kernel returns the debug mask, but a backward sees only its (seed, offset), which ours cannot redraw
+    from: a forward with dropout served by PyTorch would get our backward's other mask (wrong gradients)."""
+    if return_debug_mask and dropout_p > 0:
+        raise RuntimeError("flash_attn2 SDPA backend: return_debug_mask=True with dropout_p > 0 is not supported; "
+                           "torch.nn.attention.restore_flash_attention_impl() gives PyTorch's kernels back")
 
 
 def _window(left, right) -> tuple[int, int]:
@@ -140,6 +152,7 @@ def _register() -> _Handle:
     def flash_forward(keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                       return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
                       seqused_k=None, alibi_slopes=None):
+        _check_debug_mask(return_debug_mask, dropout_p)
         why = support_error(query, (query, key, value), seqused_k=seqused_k, return_debug_mask=return_debug_mask)
         if why is not None:
             _log_fallback("_flash_attention_forward", why)
@@ -147,6 +160,7 @@ def _register() -> _Handle:
                 keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                 return_debug_mask, scale=scale, window_size_left=window_size_left,
                 window_size_right=window_size_right, seqused_k=seqused_k, alibi_slopes=alibi_slopes)
+        check_alibi_slopes(alibi_slopes, query, cum_seq_q)  # the in-place path skips the op's own check
         out = torch.empty_like(query)  # the meta function's strides
         out, lse, rng_state = _forward(query, key, value, cum_seq_q, cum_seq_k, int(max_q), int(max_k), dropout_p,
                                        is_causal, _scale(scale, query.shape[-1]),
@@ -172,6 +186,7 @@ def _register() -> _Handle:
 
     def sdpa_forward(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                      scale=None):
+        _check_debug_mask(return_debug_mask, dropout_p)
         why = support_error(query, (query, key, value), return_debug_mask=return_debug_mask)
         if why is not None:
             _log_fallback("_scaled_dot_product_flash_attention", why)

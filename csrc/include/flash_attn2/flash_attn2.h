@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 8
+#define FLASH_ATTN2_PARAMS_VERSION 9
 
 namespace flash_attn2 {
 
