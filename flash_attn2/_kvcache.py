@@ -200,7 +200,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            page_table=None, cu_seqlens_q=None, max_seqlen_q=None):
+                            page_table=None, cu_seqlens_q=None, max_seqlen_q=None, learnable_sink=None, s_aux=None):
     """flash-attn 2.x's decode / chunked-prefill call against a KV cache; forward only.
 
     q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), any
@@ -229,9 +229,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     sequence b holds cache_seqlens[b] keys; softmax_lse is then (nheads, total_q). Not with k / v, rotary or
     cache_leftpad yet.
 
+    learnable_sink (alias s_aux): attention sinks as in flash_attn_func (forward only here).
+
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q) fp32) with
     return_softmax_lse.
     """
+    if learnable_sink is not None and s_aux is not None:
+        raise ValueError("flash_attn2: pass learnable_sink or its alias s_aux, not both")
+    learnable_sink = learnable_sink if learnable_sink is not None else s_aux
     if page_table is not None:
         if block_table is not None:
             raise ValueError("flash_attn2: pass block_table or its alias page_table, not both")
@@ -245,12 +250,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     max_seqlen_q = 0 if cu_seqlens_q is None else max_seqlen_q
     return _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                          cache_leftpad, block_table, None, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size,
-                         softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)
+                         softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, learnable_sink)
 
 
 def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
-                  rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse):
+                  rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, learnable_sink=None):
     """flash_attn_with_kvcache's and the paged flash_attn_varlen_func's common part: checks, then the op."""
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
@@ -266,4 +271,8 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                 cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale, causal, left,
                                 right, softcap, bool(rotary_interleaved), alibi_slopes, operator.index(num_splits))
+    if learnable_sink is not None:  # flash_attn2/_sinks.py, forward only
+        from ._sinks import apply_sink, check_sink
+        check_sink(learnable_sink, q.shape[-2], q)
+        out, lse = apply_sink(out, lse, learnable_sink, cu_seqlens_q is not None)
     return (out, lse) if return_softmax_lse else out

@@ -62,6 +62,8 @@ def _window(causal: bool, window_size, max_seqlen_q: int, max_seqlen_k: int) -> 
     if type(window_size) is tuple and window_size == (-1, -1):  # the default, on every call
         return causal, -1, -1
     try:
+        if isinstance(window_size, torch.Tensor) and window_size.shape == (2,) and not window_size.is_floating_point():
+            window_size = window_size.tolist()  # flash-attn's own tests pass torch.randint(0, seqlen_k, (2,))
         if not isinstance(window_size, (tuple, list)):
             raise TypeError
         left, right = (operator.index(w) for w in window_size)  # ints, not floats
@@ -155,11 +157,15 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
 
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
-               window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None):
+               window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None,
+               learnable_sink=None):
     _check_unsupported(block_table)
     dropout_p = _dropout_p(dropout_p)
     softcap = _softcap(softcap)
     check_types(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes)
+    if learnable_sink is not None:
+        from ._sinks import check_sink
+        check_sink(learnable_sink, q.shape[-2] if q.dim() >= 2 else 0, q)
     varlen = cu_seqlens_q is not None
     if varlen:
         check_max_seqlen(max_seqlen_q, max_seqlen_k)
@@ -180,8 +186,15 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
             _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
         if not q.is_cuda:
             raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
-    out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                           causal, left, right, softcap, alibi_slopes, bool(deterministic), dropout_p)
+    if learnable_sink is not None:  # flash_attn2/_sinks.py: the kernels' out and LSE, rescaled
+        from ._sinks import SinkAttention
+        out, softmax_lse, rng_state = SinkAttention.apply(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k,
+                                                          max_seqlen_q, max_seqlen_k, scale, causal, left, right,
+                                                          softcap, alibi_slopes, bool(deterministic), dropout_p)
+    else:
+        out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                               scale, causal, left, right, softcap, alibi_slopes, bool(deterministic),
+                                               dropout_p)
     if not return_attn_probs:
         return out
     # S_dmask carries the dropout pattern, as in flash-attn; without dropout it is None there too.
@@ -197,7 +210,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *, learnable_sink=None,
+                    s_aux=None):
     """q (batch, seqlen_q, nheads, headdim), k/v (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
 
     causal aligns the mask to the bottom-right corner: query i sees key j iff j <= i + seqlen_k - seqlen_q.
@@ -208,9 +222,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, wi
     -slope * |i + seqlen_k - seqlen_q - j| to the scaled scores (with causal, +slope * j: the same softmax, as
     flash-attn). A query row that sees no key gets output 0 and softmax_lse -inf. Returns out (batch, seqlen_q,
     nheads, headdim); with return_attn_probs, (out, softmax_lse (batch, nheads, seqlen_q) fp32, None).
+    learnable_sink (alias s_aux; FA4's and gpt-oss's attention sinks): (nheads,) fp32 / bf16 / fp16, one logit per
+    query head in every row's softmax denominator with no value (a row with no key: out 0, softmax_lse = the sink);
+    differentiable (dsink), forward and backward.
     """
     return _attention(q, k, v, None, None, None, None, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs)
+                      alibi_slopes, deterministic, return_attn_probs, learnable_sink=_sink_arg(learnable_sink, s_aux))
+
+
+def _sink_arg(learnable_sink, s_aux):
+    if learnable_sink is not None and s_aux is not None:
+        raise ValueError("flash_attn2: pass learnable_sink or its alias s_aux, not both")
+    return learnable_sink if learnable_sink is not None else s_aux
 
 
 def _packed(t, name: str, dim: int, count: int, layout: str):
@@ -225,7 +248,7 @@ def _packed(t, name: str, dim: int, count: int, layout: str):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           num_splits=0):
+                           num_splits=0, learnable_sink=None, s_aux=None):
     """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim); sequence b owns rows
     cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device), clamped to the packed tensors: a decreasing pair is
     an empty sequence, rows outside every sequence get output 0 (and zero gradients). max_seqlen_q/k are hints
@@ -239,7 +262,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows through its table row (cu_seqlens_k may be None with seqused_k); the
     split-KV kernel, forward only, no dropout; num_splits as flash_attn_with_kvcache's.
     """
+    learnable_sink = _sink_arg(learnable_sink, s_aux)
     if block_table is not None:
+        if learnable_sink is not None:
+            raise NotImplementedError("flash_attn2: learnable_sink with block_table (a paged cache) is not supported yet")
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                              window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits)
     if seqused_k is not None:
@@ -248,7 +274,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         if not isinstance(cu, torch.Tensor):  # None would make the call a fixed-length one
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
     return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table)
+                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
+                      learnable_sink)
 
 
 def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,

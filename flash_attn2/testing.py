@@ -12,7 +12,7 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window=(-1, -1), softcap=0.0,
-                  alibi_slopes=None, dropout_keep=None, dropout_scale=1.0):
+                  alibi_slopes=None, dropout_keep=None, dropout_scale=1.0, sink=None):
     """q (b, sq, h, d), k/v (b, sk, hk, d) -> out (b, sq, h, d) in q's dtype, lse (b, h, sq) fp32.
 
     upcast=True computes in float32 (the reference); False in the inputs' dtype, the way PyTorch's own
@@ -21,15 +21,22 @@ def attention_ref(q, k, v, causal=False, softmax_scale=None, upcast=True, window
     see no key give 0 and -inf. softcap > 0: scaled scores s become softcap * tanh(s / softcap) before the mask.
     alibi_slopes (h,) or (b, h): -slope * |i + sk - sq - j| added after that, or +slope * j when causal without a
     left window edge (flash-attn's form: the same softmax, another LSE). dropout_keep (b, h, sq, sk) bool: the
-    probabilities it drops are 0, the others times dropout_scale (the LSE stays the undropped one).
+    probabilities it drops are 0, the others times dropout_scale (the LSE stays the undropped one). sink (h,):
+    attention sinks, one more logit per query head in every row's softmax, with no value (a row with no key: out 0,
+    lse = the sink).
     """
     dtype = q.dtype
     if upcast:  # to float32, or keep float64
         q, k, v = (t.to(torch.promote_types(t.dtype, torch.float32)) for t in (q, k, v))
     v = v.repeat_interleave(q.shape[2] // v.shape[2], dim=2)
     scores = attention_scores(q, k, causal, softmax_scale, window, softcap, alibi_slopes)
+    if sink is not None:  # the sink's column, dropped after the softmax
+        column = sink.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, column], dim=-1)
     lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1)
     attn = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    if sink is not None:
+        attn = attn[..., :-1]
     if dropout_keep is not None:
         attn = attn * dropout_keep.to(attn.dtype) * dropout_scale
     out = torch.einsum("bhts,bshd->bthd", attn.to(v.dtype), v)
@@ -64,14 +71,15 @@ def attention_scores(q, k, causal=False, softmax_scale=None, window=(-1, -1), so
 
 
 def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, softmax_scale=None, upcast=True,
-                         window=(-1, -1), softcap=0.0, alibi_slopes=None):
+                         window=(-1, -1), softcap=0.0, alibi_slopes=None, sink=None):
     """Packed q (total_q, h, d), k/v (total_k, hk, d) -> out (total_q, h, d), lse (h, total_q)."""
     outs, lses = [], []
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(cq) - 1):
         o, l = attention_ref(q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]],
                              causal, softmax_scale, upcast, window, softcap,
-                             alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes)
+                             alibi_slopes[b] if alibi_slopes is not None and alibi_slopes.dim() == 2 else alibi_slopes,
+                             sink=sink)
         outs.append(o[0])
         lses.append(l[0])
     return torch.cat(outs), torch.cat(lses, dim=-1)

@@ -57,10 +57,17 @@ def test_bad_softcap(softcap):
 
 
 @pytest.mark.parametrize("window_size", [(8,), (1, 2, 3), "ab", (None, 0), 5, (2.7, 0), (float("inf"), 0), {1, 2},
-                                         ("3", "4"), torch.tensor([-1, -1])])
+                                         ("3", "4"), torch.tensor([1.0, 2.0]), torch.tensor([1, 2, 3])])
 def test_bad_window_size(window_size):
     with pytest.raises(ValueError, match="window_size must be a pair of ints"):
         flash_attn2.flash_attn_func(*qkv(), window_size=window_size)
+
+
+def test_window_size_as_an_int_tensor():
+    """flash-attn's own tests pass torch.randint(0, seqlen_k, (2,)): a pair of ints as a tensor."""
+    from flash_attn2.flash_attn_interface import _window
+    assert _window(False, torch.tensor([3, 1]), 8, 8) == (False, 3, 1)
+    assert _window(False, torch.tensor([-1, 0]), 8, 8) == (True, -1, 0)
 
 
 def test_varlen_needs_cu_seqlens():
@@ -223,11 +230,12 @@ def test_signatures_match_flash_attn():
     import inspect
     expected = {
         "flash_attn_func": "q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), "
-                           "softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False",
+                           "softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *, "
+                           "learnable_sink=None, s_aux=None",
         "flash_attn_varlen_func": "q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, "
                                   "softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
                                   "alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, "
-                                  "*, seqused_k=None, num_splits=0",
+                                  "*, seqused_k=None, num_splits=0, learnable_sink=None, s_aux=None",
     }
     for name, params in expected.items():
         assert str(inspect.signature(getattr(flash_attn2, name))) == f"({params})"

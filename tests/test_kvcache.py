@@ -507,6 +507,7 @@ def test_signature_matches_flash_attn():
                           "cache_batch_idx", "cache_leftpad", "block_table", "softmax_scale", "causal", "window_size",
                           "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
     # FA3's keywords: page_table (block_table's name there), varlen q
-    assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["page_table", "cu_seqlens_q", "max_seqlen_q"]
+    assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["page_table", "cu_seqlens_q", "max_seqlen_q",
+                                                                          "learnable_sink", "s_aux"]
     from flash_attn2.flash_attn_interface import flash_attn_with_kvcache as same
     assert same is flash_attn_with_kvcache

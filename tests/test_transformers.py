@@ -60,7 +60,8 @@ def backend(request, monkeypatch):
         with pytest.raises(ValueError, match="CUDA tensors"):  # every argument check but the device's passes
             flash_attn2.flash_attn_func(q, k, v, **kwargs)
         causal, window = reference_mask(kwargs, q.shape[1], k.shape[1])
-        return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window, softcap=kwargs["softcap"])[0]
+        return attention_ref(q, k, v, causal, kwargs["softmax_scale"], window=window, softcap=kwargs["softcap"],
+                             sink=kwargs.get("learnable_sink"))[0]
 
     def varlen(q, k, v, cu_q, cu_k, max_q, max_k, **kwargs):
         calls.append(("varlen", q.dtype, cu_q.tolist()))
@@ -71,7 +72,7 @@ def backend(request, monkeypatch):
         assert (max_q, max_k) == (int(cu_q.diff().max()), int(cu_k.diff().max()))
         causal, window = reference_mask(kwargs, max_q, max_k)
         return attention_ref_varlen(q, k, v, cu_q, cu_k, causal, kwargs["softmax_scale"], window=window,
-                                    softcap=kwargs["softcap"])[0]
+                                    softcap=kwargs["softcap"], sink=kwargs.get("learnable_sink"))[0]
 
     monkeypatch.setattr(integration, "flash_attn_func", dense)
     monkeypatch.setattr(integration, "flash_attn_varlen_func", varlen)
@@ -171,6 +172,44 @@ def test_gemma2_softcap_matches_eager(backend, padding):
                   query_pre_attn_scalar=backend.config["head_dim"])
     check_prefill_and_decode(backend, tiny_llama(backend, Gemma2Config, reference="eager", **config), padding)
     assert backend.calls, "the kernels never ran"
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_gpt_oss_sinks_match_eager(backend, padding):
+    """A tiny gpt-oss (attention sinks, s_aux; a sliding window on every other layer; MoE) against eager attention,
+    which applies the sinks: prefill and one decode step."""
+    from transformers import GptOssConfig
+    layers = backend.config["num_hidden_layers"]
+    config = dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=backend.seq_len // 4,
+                  layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)])
+    models = tiny_llama(backend, GptOssConfig, reference="eager", **config)
+    with torch.no_grad():  # sinks away from 0, so that a dropped sink would show
+        for m in models:
+            for layer in m.model.layers:
+                layer.self_attn.sinks.copy_(torch.linspace(-2.0, 2.0, layer.self_attn.sinks.numel()))
+    check_prefill_and_decode(backend, models, padding)
+    assert backend.calls, "the kernels never ran"
+
+
+@pytest.mark.gpu
+def test_gpt_oss_trains_with_sinks():
+    """The sinks' gradient flows: one training step's loss and sink gradients against eager's."""
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    from transformers import GptOssConfig
+    backend = SimpleNamespace(device="cuda", dtype=torch.bfloat16, config=GPU_CONFIG, seq_len=64)
+    config = dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+                  layer_types=["sliding_attention", "full_attention"] * (GPU_CONFIG["num_hidden_layers"] // 2))
+    model, ref, lowp = tiny_llama(backend, GptOssConfig, reference="eager", **config)
+    ids = torch.randint(GPU_CONFIG["vocab_size"], (2, 64), device="cuda")
+    grads = []
+    for m in (model, ref, lowp):
+        m.train()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        grads.append(torch.cat([l.self_attn.sinks.grad.float().flatten() for l in m.model.layers]))
+    err, err_lowp = max_error(grads[0], grads[1]), max_error(grads[2], grads[1])
+    assert err <= 2 * err_lowp + 1e-3, (err, err_lowp)
 
 
 @pytest.mark.parametrize("rows, use_cache", [([[37, 64, 23]], False), ([[37, 64, 23]], True),
@@ -362,13 +401,12 @@ def test_integration_without_transformers_says_how_to_install():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(s_aux=torch.zeros(4)), NotImplementedError, r"sinks \(s_aux\)"),
     (dict(output_attentions=True), NotImplementedError, "output_attentions=True"),
     (dict(position_bias=torch.zeros(1, 4, 8, 12)), NotImplementedError, "argument.*position_bias"),
     (dict(attention_mask=torch.ones(1, 1, 8, 12, dtype=torch.bool)), NotImplementedError, "custom 4-D masks"),
     (dict(position_ids=torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3]])), NotImplementedError, "packed sequences.*KV cache"),
     (dict(cu_seq_lens_q=torch.tensor([0, 8])), ValueError, "cu_seq_lens_q must come as all four"),
-], ids=["s_aux", "output_attentions", "unknown_kwarg", "4d_mask",
+], ids=["output_attentions", "unknown_kwarg", "4d_mask",
         "packed_with_cache", "partial_cu_seq_lens"])
 def test_unsupported_arguments_raise(kwargs, error, match):
     model = AutoModelForCausalLM.from_config(LlamaConfig(**CPU_CONFIG), attn_implementation=NAME).train()

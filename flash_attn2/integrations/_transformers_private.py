@@ -6,7 +6,9 @@ AttentionInterface, AttentionMaskInterface, masking_utils.flash_attention_mask a
 integrations.flash_attention.get_target_dtype.
 
 Two private transformers functions are wrapped (once, by `install`; the module attribute is replaced, which is
-what their callers look up):
+what their callers look up), and the name is added to the `_compatible_flash_implementations` of the models that
+restrict flash implementations to a list (gpt-oss: the kernels with attention sinks; without it transformers swaps
+"flash_attn2" for a hub kernel there):
 
 - `modeling_flash_attention_utils._lazy_imports`: transformers treats every attn_implementation whose name
   contains "flash" as a flash-attn build (utils.generic.is_flash_attention_requested) and preloads it when a
@@ -68,6 +70,25 @@ def install(implementation: str, flash_functions) -> None:
     _wrap_once(_hf_flash_utils, "_lazy_imports", lambda original: _answer_flash_preload(original, implementation,
                                                                                          flash_functions))
     _wrap_once(_hf_masking_utils, "find_packed_sequence_indices", _remember_mask_read)
+    _allow_on_restricted_models(implementation)
+
+
+# Models that list the flash implementations they accept (`_compatible_flash_implementations`) and that transformers
+# otherwise switches away from any other flash-named implementation (to a hub kernel): gpt-oss lists the kernels
+# with attention sinks, which flash_attn2 has (learnable_sink).
+_RESTRICTED_MODELS = (("transformers.models.gpt_oss.modeling_gpt_oss", "GptOssPreTrainedModel"),)
+
+
+def _allow_on_restricted_models(implementation: str) -> None:
+    import importlib
+    for module_name, class_name in _RESTRICTED_MODELS:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError):  # a transformers without that model
+            continue
+        allowed = getattr(cls, "_compatible_flash_implementations", None)
+        if allowed is not None and implementation not in allowed:
+            cls._compatible_flash_implementations = [*allowed, implementation]
 
 
 def _wrap_once(module, name: str, wrap) -> None:

@@ -26,11 +26,11 @@ called any number of times. Developed against transformers 5.17, whose own flash
 - GQA/MQA: k/v keep their fewer heads; `scaling` and `is_causal` (kwarg, else the module's) are honoured;
 - a sliding window (`sliding_window`, e.g. Mistral) as transformers' flash path passes it: (w - 1, w - 1),
   which causal makes (w - 1, 0); logit soft-capping (`softcap`, Gemma 2);
-- attention dropout while training (`dropout`, config.attention_dropout), with the kernels' dropout.
+- attention dropout while training (`dropout`, config.attention_dropout), with the kernels' dropout;
+- attention sinks (`s_aux`, gpt-oss), forward and backward (flash_attn2's learnable_sink).
 
-What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: attention
-sinks (`s_aux`), `output_attentions=True`, a 4-D (custom) attention mask, a model's own or/and mask
-functions, packed sequences with a KV cache, and any other non-None keyword argument not listed in
+What flash_attn2 cannot honour raises NotImplementedError naming it, before any kernel runs: `output_attentions=True`,
+a 4-D (custom) attention mask, a model's own or/and mask functions, packed sequences with a KV cache, and any other non-None keyword argument not listed in
 `_NOT_FOR_ATTENTION`.
 
 What this needs from transformers' private internals (two wrapped functions) and the answers it keeps to save
@@ -114,7 +114,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
                                   deterministic=None, output_attentions=False, **kwargs):
     """transformers' attention-function signature: query (batch, heads, seq_q, head_dim), key/value
     (batch, kv_heads, seq_k, head_dim) -> (output (batch, seq_q, heads, head_dim) in query's dtype, None)."""
-    _check_supported(attention_mask, s_aux, output_attentions, kwargs)
+    _check_supported(attention_mask, output_attentions, kwargs)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout (batch, seq, heads, dim), views
     head_dim, v_head_dim = q.shape[-1], v.shape[-1]
     if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
@@ -134,6 +134,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         "deterministic": (os.getenv("FLASH_ATTENTION_DETERMINISTIC", "0") == "1" if deterministic is None
                           else bool(deterministic)),
     }
+    if s_aux is not None:  # attention sinks (gpt-oss): one logit per query head, flash_attn2/_sinks.py
+        flash_kwargs["learnable_sink"] = s_aux
     seqlen_kwargs = {"cu_seq_lens_q": cu_seq_lens_q, "cu_seq_lens_k": cu_seq_lens_k, "max_length_q": max_length_q,
                      "max_length_k": max_length_k}
     given = [name for name, arg in seqlen_kwargs.items() if arg is not None]
@@ -158,10 +160,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
     return out[..., :v_head_dim].to(query.dtype), None
 
 
-def _check_supported(attention_mask, s_aux, output_attentions, kwargs):
+def _check_supported(attention_mask, output_attentions, kwargs):
     """Raise for what flash_attn2 cannot honour, before any tensor work (so it also raises on CPU)."""
-    if s_aux is not None:
-        raise NotImplementedError("flash_attn2: attention sinks (s_aux) are not supported yet" + _USE_INSTEAD)
     if output_attentions:
         raise NotImplementedError("flash_attn2: output_attentions=True is not supported: flash attention never "
                                   "forms the attention weights; use attn_implementation='eager'")
