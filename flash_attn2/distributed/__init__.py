@@ -6,8 +6,9 @@ backward, GQA without expanding K / V, fp32 merges and gradient sums. They share
 (`_schedule.py`: which rank computes which (query, key) block with which mask at each ring step) and the -inf-safe
 merge (`_merge.py`) with the single-process emulation (tests/test_ring_math.py) and the gloo tests
 (tests/test_ring_gloo.py). The all-gather form (`llama3.py`: llama3_flash_attn_varlen_func with its prepare step)
-takes packed documents of any length, GQA and causal windows. Status (issue #51): checked on the CPU only; ring
-varlen, overlap of the backward's exchange and torch.compile are not built yet. `import flash_attn2` never imports
+takes packed documents of any length, GQA and causal windows; `ring_varlen.py` the ring and zigzag over packed
+documents (each split over the ranks, local cu_seqlens). Status (issue #51): checked on the CPU only; overlap of the
+backward's exchange and torch.compile are not built yet. `import flash_attn2` never imports
 this package.
 """
 
@@ -16,8 +17,10 @@ from ._schedule import CAUSAL, CAUSAL_STRICT, FULL, Task, coverage, ring_tasks, 
 from .llama3 import llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func
 from .ring import (ring_flash_attn_func, stripe_flash_attn_func, stripe_shard, unshard, zigzag_ring_flash_attn_func,
                    zigzag_shard)
+from .ring_varlen import ring_flash_attn_varlen_func, varlen_shard, zigzag_ring_flash_attn_varlen_func
 
 __all__ = ["CAUSAL", "CAUSAL_STRICT", "FULL", "Task", "coverage", "llama3_flash_attn_prepare_cu_seqlens",
            "llama3_flash_attn_varlen_func", "merge_partial", "ring_flash_attn_func",
-           "ring_tasks", "shard_indices", "stripe_flash_attn_func", "stripe_shard", "unshard",
-           "zigzag_ring_flash_attn_func", "zigzag_shard"]
+           "ring_flash_attn_varlen_func", "ring_tasks", "shard_indices", "stripe_flash_attn_func", "stripe_shard",
+           "unshard", "varlen_shard", "zigzag_ring_flash_attn_func", "zigzag_ring_flash_attn_varlen_func",
+           "zigzag_shard"]
