@@ -56,6 +56,33 @@ def _worker(rank, world, store_path, results):
                             ok &= max_error(ours, shard(r)) <= 2 * max_error(one, r) + atol
                         results[(rank, layout, causal, heads_k, str(dtype))] = ok
                         i += 1
+        # Packed documents: the all-gather form (causal, with and without a window) and the zigzag ring.
+        from flash_attn2.distributed import llama3, ring_varlen
+        from flash_attn2.testing import attention_ref_varlen
+        docs = [2 * world * n for n in (64, 16, 128)]
+        cu = torch.tensor([0] + docs, device="cuda").cumsum(0).to(torch.int32)
+        total = int(cu[-1])
+        for form, window in (("llama3", (-1, -1)), ("llama3", (127, 0)), ("zigzag_varlen", (-1, -1))):
+            torch.manual_seed(i)
+            q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16)
+            k, v = (torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            if form == "llama3":
+                per = total // world
+                take = lambda t: t[rank * per:(rank + 1) * per]  # noqa: E731
+                cu_q, cu_k, max_q, max_k, k_slice = llama3.llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
+                out = llama3.llama3_flash_attn_varlen_func(take(q), take(k), take(v), cu_q, cu_k, max_q, max_k, 1,
+                                                           k_slice, causal=True, window_size=window)
+            else:
+                take = lambda t: ring_varlen.varlen_shard(t, cu, "zigzag", rank, world)  # noqa: E731
+                local_cu = cu // world
+                out = ring_varlen.zigzag_ring_flash_attn_varlen_func(take(q), take(k), take(v), local_cu,
+                                                                     int((local_cu[1:] - local_cu[:-1]).max()),
+                                                                     causal=True)
+            single = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, max(docs), max(docs), causal=True,
+                                                        window_size=window)
+            ref = attention_ref_varlen(q.float(), k.float(), v.float(), cu, cu, True, window=window)[0]
+            results[(rank, form, str(window))] = max_error(out, take(ref)) <= 2 * max_error(single, ref) + 1e-3
+            i += 1
     finally:
         dist.destroy_process_group()
 
@@ -70,4 +97,4 @@ def test_ring_nccl(world):
         mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), results), nprocs=world, join=True)
         failed = [key for key, ok in results.items() if not ok]
         count = len(results)
-    assert count == world * 3 * 2 * 2 * 2 and not failed, failed
+    assert count == world * (3 * 2 * 2 * 2 + 3) and not failed, failed
