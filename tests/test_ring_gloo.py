@@ -166,3 +166,35 @@ def test_ring_varlen_over_gloo(world):
     assert len(worst) == world * len(cases)
     bad = {cases[i][:3]: err for (rank, i), err in worst.items() if not err <= 1e-9}
     assert not bad, bad
+
+
+def _compile_worker(rank, world, store_path, results):
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        q = torch.randn(1, 4 * world, 2, 8, dtype=torch.float64)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        shard = lambda t: ring._layout_shard("zigzag", t, rank, world, 1)  # noqa: E731
+        ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
+
+        def step(q, k, v):
+            out = ring._ring_func("zigzag", q, k, v, 0.0, None, True, (-1, -1), None, False, False, None,
+                                  backend=ring.ReferenceBackend)
+            return (out * 2).sum()
+
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+        loss = compiled(ql, kl, vl)
+        grads = torch.autograd.grad(loss, (ql, kl, vl))
+        eager_loss = step(ql, kl, vl)
+        eager_grads = torch.autograd.grad(eager_loss, (ql, kl, vl))
+        results[rank] = bool(torch.allclose(loss, eager_loss) and
+                             all(torch.allclose(a, b) for a, b in zip(grads, eager_grads)))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ring_compiles_without_a_graph_break():
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_compile_worker, args=(2, os.path.join(tmp, "store"), results), nprocs=2, join=True)
+        assert dict(results) == {0: True, 1: True}

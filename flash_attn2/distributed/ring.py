@@ -7,8 +7,9 @@ partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K 
 sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32 and come back in the inputs' dtype.
 GQA rotates the kv heads only.
 
-Not yet: varlen and the all-gather (llama3) forms, windows, dropout, ALiBi, softcap on the ring (each raises
-NotImplementedError naming it), overlap of the backward's exchange, torch.compile without a graph break.
+The ring is the custom ops flash_attn2::ring_fwd / ring_bwd (fakes, autograd; the group by name), so
+torch.compile(fullgraph=True) traces through it. Not yet: windows, dropout, ALiBi, softcap on the ring (each raises
+NotImplementedError naming it), overlap of the backward's exchange.
 """
 
 from __future__ import annotations
@@ -151,24 +152,63 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             dk, dv, k_next, v_next = _unpack(dkv, (dk, dv, k, v))
             kv = _pack(k_next, v_next)
         else:
-            dk, dv = _unpack(dkv, (dk, dv))
+            dk, dv = (t.clone() for t in _unpack(dkv, (dk, dv)))  # views of one buffer: separate outputs
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class _RingAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, layout, causal, scale, group, backend, deterministic):
-        out, lse = ring_forward(q, k, v, layout, causal, scale, group, backend)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        ctx.args = (layout, causal, scale, group, backend, deterministic)
-        return out.to(q.dtype), lse
+# ---- The ring as torch custom ops (fakes, autograd), so that torch.compile traces a model through it without a
+# graph break; the process group travels by name (as torch's own collectives' ops take it). ----
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_backward(dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+_BACKENDS = {"kernel": KernelBackend, "reference": ReferenceBackend}
+
+
+def _group(name: str):
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(name)
+
+
+@torch.library.custom_op("flash_attn2::ring_fwd", mutates_args=())
+def _ring_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, causal: bool, scale: float,
+              group_name: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    out, lse = ring_forward(q, k, v, layout, causal, scale, _group(group_name), _BACKENDS[backend])
+    return out.to(q.dtype), lse
+
+
+@_ring_fwd.register_fake
+def _(q, k, v, layout, causal, scale, group_name, backend):
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=acc)
+
+
+@torch.library.custom_op("flash_attn2::ring_bwd", mutates_args=())
+def _ring_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              lse: torch.Tensor, layout: str, causal: bool, scale: float, group_name: str, backend: str,
+              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return ring_backward(dout, q, k, v, out, lse, layout, causal, scale, _group(group_name), _BACKENDS[backend],
+                         deterministic)
+
+
+@_ring_bwd.register_fake
+def _(dout, q, k, v, out, lse, layout, causal, scale, group_name, backend, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _ring_setup(ctx, inputs, output):
+    q, k, v, layout, causal, scale, group_name, backend = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.args = (layout, causal, scale, group_name, backend)
+    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+
+
+def _ring_grad(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    layout, causal, scale, group_name, backend = ctx.args
+    dq, dk, dv = _ring_bwd(dout.contiguous(), q, k, v, out, lse, layout, causal, scale, group_name, backend,
+                           ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_ring_fwd.register_autograd(_ring_grad, setup_context=_ring_setup)
 
 
 def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
@@ -185,9 +225,12 @@ def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, a
         raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
     world = dist.get_world_size(group)
     shard_indices(layout, q.shape[1] * world, world, 0)  # the layout's divisibility, before any collective
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    backend = backend or KernelBackend
-    out, lse = _RingAttention.apply(q, k, v, layout, bool(causal), scale, group, backend, bool(deterministic))
+    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    group_name = (group if group is not None else dist.group.WORLD).group_name
+    name = {KernelBackend: "kernel", ReferenceBackend: "reference", None: "kernel"}[backend]
+    if deterministic:  # the backward reads torch's flag (a custom op's autograd sees no call arguments beyond these)
+        torch.use_deterministic_algorithms(True)
+    out, lse = _ring_fwd(q, k, v, layout, bool(causal), scale, group_name, name)
     return (out, lse, None) if return_attn_probs else out
 
 
