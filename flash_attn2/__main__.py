@@ -19,7 +19,8 @@ def self_check() -> bool:
         for hdim in compiled_head_dims(dtype):
             ok_dim = True
             for causal in (False, True):
-                for sq, sk in ((1, 1), (113, 1023), (1023, 113), (512, 512)):
+                # (1, 1023) and (4, 2000): decode shapes, on the split-KV kernel
+                for sq, sk in ((1, 1), (1, 1023), (4, 2000), (113, 1023), (1023, 113), (512, 512)):
                     q = torch.randn(2, sq, 8, hdim, device="cuda", dtype=dtype, requires_grad=True)
                     k, v = (torch.randn(2, sk, 2, hdim, device="cuda", dtype=dtype, requires_grad=True)
                             for _ in range(2))
