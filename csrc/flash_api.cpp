@@ -764,6 +764,26 @@ std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& dout, const Tensor
   return {wrapped[0], wrapped[1], wrapped[2]};
 }
 
+// The key splits a kv-cache forward of these shapes takes on the current device (get_scheduler_metadata): the plan
+// is a function of the shapes alone (flash_attn2.h: fwd_num_splits).
+int64_t kvcache_num_splits(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads, int64_t heads_k,
+                           int64_t head_dim, bool bf16, bool alibi, int64_t num_splits) {
+  TORCH_CHECK(batch > 0 && seqlen_q >= 0 && seqlen_k >= 0 && heads > 0 && heads_k > 0 && heads % heads_k == 0 &&
+                  head_dim > 0 && head_dim <= 256 && num_splits >= 0 && num_splits <= flash_attn2::kMaxKvSplits,
+              "flash_attn2: get_scheduler_metadata: inconsistent shapes");
+  static const int kAnyLength = 0;  // only its address: marks the call as a kv-cache one, never read here
+  static const float kAnySlope = 0.f;
+  flash_attn2::FwdParams p{};
+  p.batch = int(batch), p.seqlen_q = int(std::min<int64_t>(seqlen_q, flash_attn2::kMaxSeqlen));
+  p.seqlen_k = int(std::min<int64_t>(seqlen_k, flash_attn2::kMaxSeqlen));
+  p.num_heads = int(heads), p.num_heads_k = int(heads_k), p.head_dim = int((head_dim + 7) / 8 * 8);
+  p.dtype = bf16 ? DType::kBFloat16 : DType::kFloat16;
+  p.seqused_k = &kAnyLength;
+  if (alibi) p.alibi_slopes = &kAnySlope;
+  p.kv_splits = int(num_splits);
+  return flash_attn2::fwd_num_splits(p);
+}
+
 int64_t fwd_head_dim_bucket(int64_t head_dim, bool bf16) {
   return flash_attn2::fwd_head_dim_bucket(int(head_dim), bf16 ? DType::kBFloat16 : DType::kFloat16);
 }
@@ -807,6 +827,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flash_attn2 CUDA kernels; the ops are torch.ops.flash_attn2.fwd / .bwd";
   m.def("fwd_out", &fwd_out, "Forward into preallocated out and softmax_lse (kernel-ready tensors)");
   m.def("bwd_out", &bwd_out, "Backward into preallocated dq, dk and dv (kernel-ready tensors)");
+  m.def("kvcache_num_splits", &kvcache_num_splits, "The key splits of a kv-cache forward of these shapes");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

@@ -14,10 +14,12 @@ from .flash_attn_interface import (
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
+from ._kvcache import get_scheduler_metadata  # after flash_attn_interface, which _kvcache imports from
 
 __all__ = [
     "compiled_head_dims",
     "flash_attn_combine",
+    "get_scheduler_metadata",
     "flash_attn_func",
     "flash_attn_kvpacked_func",
     "flash_attn_qkvpacked_func",

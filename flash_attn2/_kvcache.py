@@ -184,6 +184,36 @@ def _check_varlen_q(q, k, rotary_cos, cache_seqlens, cache_leftpad, block_table,
         raise ValueError(f"flash_attn2: max_seqlen_q must be an int in 0..2**31-2**16, got {max_seqlen_q!r}")
 
 
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv, headdim, cache_seqlens,
+                           qkv_dtype=torch.bfloat16, headdim_v=None, cu_seqlens_q=None, cu_seqlens_k_new=None,
+                           cache_leftpad=None, page_size=None, max_seqlen_k_new=0, causal=False, window_size=(-1, -1),
+                           attention_chunk=0, has_softcap=False, num_splits=0, pack_gqa=None, sm_margin=0):
+    """FA3's get_scheduler_metadata: the split plan of a kv-cache / paged call, computed once per step and passed as
+    scheduler_metadata=. flash_attn2's plan is a function of the shapes alone (never of the lengths on the device), so
+    a captured graph keeps it anyway; this returns it as a (1,) int32 CPU tensor, the split count, which a call reads
+    without touching the device. max_seqlen_k: the cache's capacity (paged: max_pages * page_size)."""
+    if headdim_v is not None and headdim_v != headdim:
+        raise NotImplementedError("flash_attn2: headdim_v != headdim is not supported yet")
+    if attention_chunk:
+        raise NotImplementedError("flash_attn2: attention_chunk is not supported")
+    from . import _ops
+    splits = _ops.ext.kvcache_num_splits(int(batch_size), int(max_seqlen_q), int(max_seqlen_k) + int(max_seqlen_k_new),
+                                         int(num_heads_q), int(num_heads_kv), int(headdim),
+                                         qkv_dtype == torch.bfloat16, False, int(num_splits))
+    return torch.tensor([splits], dtype=torch.int32)
+
+
+def metadata_splits(scheduler_metadata, num_splits):
+    """num_splits, or where it is 0 the split count get_scheduler_metadata returned."""
+    if scheduler_metadata is None:
+        return num_splits
+    if not (isinstance(scheduler_metadata, torch.Tensor) and scheduler_metadata.device.type == "cpu" and
+            tuple(scheduler_metadata.shape) == (1,) and scheduler_metadata.dtype == torch.int32):
+        raise ValueError("flash_attn2: scheduler_metadata must be what flash_attn2.get_scheduler_metadata returned (a "
+                         "(1,) int32 CPU tensor); FA3's device buffers do not carry over")
+    return num_splits if num_splits else int(scheduler_metadata[0])
+
+
 @torch.library.register_fake("flash_attn2::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                       cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
@@ -200,7 +230,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False, *,
-                            page_table=None, cu_seqlens_q=None, max_seqlen_q=None, learnable_sink=None, s_aux=None):
+                            page_table=None, cu_seqlens_q=None, max_seqlen_q=None, learnable_sink=None, s_aux=None,
+                            scheduler_metadata=None):
     """flash-attn 2.x's decode / chunked-prefill call against a KV cache; forward only.
 
     q (batch, seqlen_q, nheads, headdim); k_cache, v_cache (batch_cache, seqlen_cache, nheads_k, headdim), any
@@ -229,7 +260,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     sequence b holds cache_seqlens[b] keys; softmax_lse is then (nheads, total_q). Not with k / v, rotary or
     cache_leftpad yet.
 
-    learnable_sink (alias s_aux): attention sinks as in flash_attn_func (forward only here).
+    learnable_sink (alias s_aux): attention sinks as in flash_attn_func (forward only here). scheduler_metadata: what
+    get_scheduler_metadata returned (FA3's keyword), its split count taken where num_splits is 0.
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q) fp32) with
     return_softmax_lse.
@@ -237,6 +269,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if learnable_sink is not None and s_aux is not None:
         raise ValueError("flash_attn2: pass learnable_sink or its alias s_aux, not both")
     learnable_sink = learnable_sink if learnable_sink is not None else s_aux
+    num_splits = metadata_splits(scheduler_metadata, num_splits)
     if page_table is not None:
         if block_table is not None:
             raise ValueError("flash_attn2: pass block_table or its alias page_table, not both")

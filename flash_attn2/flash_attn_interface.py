@@ -248,7 +248,7 @@ def _packed(t, name: str, dim: int, count: int, layout: str):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           num_splits=0, learnable_sink=None, s_aux=None):
+                           num_splits=0, learnable_sink=None, s_aux=None, scheduler_metadata=None):
     """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim); sequence b owns rows
     cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device), clamped to the packed tensors: a decreasing pair is
     an empty sequence, rows outside every sequence get output 0 (and zero gradients). max_seqlen_q/k are hints
@@ -264,12 +264,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """
     learnable_sink = _sink_arg(learnable_sink, s_aux)
     if block_table is not None:
+        from ._kvcache import metadata_splits
+        num_splits = metadata_splits(scheduler_metadata, num_splits)
         if learnable_sink is not None:
             raise NotImplementedError("flash_attn2: learnable_sink with block_table (a paged cache) is not supported yet")
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
                              window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits)
-    if seqused_k is not None:
-        raise NotImplementedError("flash_attn2: seqused_k is supported with block_table (a paged cache) only")
+    if seqused_k is not None or scheduler_metadata is not None:
+        raise NotImplementedError("flash_attn2: seqused_k and scheduler_metadata are supported with block_table (a paged "
+                                  "cache) only")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # None would make the call a fixed-length one
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")

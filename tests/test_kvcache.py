@@ -508,6 +508,30 @@ def test_signature_matches_flash_attn():
                           "softcap", "rotary_interleaved", "alibi_slopes", "num_splits", "return_softmax_lse"]
     # FA3's keywords: page_table (block_table's name there), varlen q
     assert [n for n, p in params.items() if p.kind == p.KEYWORD_ONLY] == ["page_table", "cu_seqlens_q", "max_seqlen_q",
-                                                                          "learnable_sink", "s_aux"]
+                                                                          "learnable_sink", "s_aux",
+                                                                          "scheduler_metadata"]
     from flash_attn2.flash_attn_interface import flash_attn_with_kvcache as same
     assert same is flash_attn_with_kvcache
+
+
+def test_scheduler_metadata_argument():
+    with pytest.raises(ValueError, match="scheduler_metadata must be what flash_attn2.get_scheduler_metadata returned"):
+        flash_attn_with_kvcache(**_args(scheduler_metadata=torch.zeros(4, dtype=torch.int32)))
+    from flash_attn2._kvcache import metadata_splits
+    assert metadata_splits(torch.tensor([7], dtype=torch.int32), 0) == 7
+    assert metadata_splits(torch.tensor([7], dtype=torch.int32), 2) == 2 and metadata_splits(None, 3) == 3
+
+
+@gpu
+def test_get_scheduler_metadata_is_the_calls_plan():
+    """The metadata's split count is the one the call would choose; passing it gives the same result."""
+    require_kernel(128, torch.bfloat16)
+    meta = flash_attn2.get_scheduler_metadata(1, 1, 32768, 32, 8, 128, None)
+    assert meta.dtype == torch.int32 and meta.device.type == "cpu" and 1 <= int(meta[0]) <= 128
+    assert int(flash_attn2.get_scheduler_metadata(1, 1, 32768, 32, 8, 128, None, num_splits=5)[0]) == 5
+    q = randn(1, 1, 32, 128, dtype=torch.bfloat16)
+    kc, vc = randn(1, 32768, 8, 128, dtype=torch.bfloat16), randn(1, 32768, 8, 128, dtype=torch.bfloat16)
+    seqlens = torch.tensor([30000], dtype=torch.int32, device="cuda")
+    plain = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens)
+    given = flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, scheduler_metadata=meta)
+    assert torch.equal(plain, given)
