@@ -248,7 +248,7 @@ def _packed(t, name: str, dim: int, count: int, layout: str):
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           num_splits=0, learnable_sink=None, s_aux=None, scheduler_metadata=None):
+                           num_splits=0, learnable_sink=None, s_aux=None, scheduler_metadata=None, out=None):
     """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim); sequence b owns rows
     cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device), clamped to the packed tensors: a decreasing pair is
     an empty sequence, rows outside every sequence get output 0 (and zero gradients). max_seqlen_q/k are hints
@@ -266,13 +266,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         from ._kvcache import metadata_splits
         num_splits = metadata_splits(scheduler_metadata, num_splits)
-        if learnable_sink is not None:
-            raise NotImplementedError("flash_attn2: learnable_sink with block_table (a paged cache) is not supported yet")
         return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
-                             window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits)
-    if seqused_k is not None or scheduler_metadata is not None:
-        raise NotImplementedError("flash_attn2: seqused_k and scheduler_metadata are supported with block_table (a paged "
-                                  "cache) only")
+                             window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits,
+                             learnable_sink, out)
+    if seqused_k is not None or scheduler_metadata is not None or out is not None:
+        raise NotImplementedError("flash_attn2: seqused_k, scheduler_metadata and out are supported with block_table (a "
+                                  "paged cache) only")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # None would make the call a fixed-length one
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
@@ -282,8 +281,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
-                  window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits):
-    """flash_attn_varlen_func against a paged cache: the kv-cache op with varlen q."""
+                  window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits,
+                  learnable_sink=None, out=None):
+    """flash_attn_varlen_func against a paged cache: the kv-cache op with varlen q; `out` (vLLM's keyword) gets a copy
+    of the result (not yet written in place)."""
     from ._kvcache import _kvcache_call
 
     if _dropout_p(dropout_p) > 0.0:
@@ -293,10 +294,15 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     if isinstance(q, torch.Tensor) and q.requires_grad and torch.is_grad_enabled():
         raise NotImplementedError("flash_attn2: the paged forward (block_table) has no backward; call it under "
                                   "torch.no_grad() or with tensors that do not require grad")
-    out, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
-                             cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
-                             True, alibi_slopes, num_splits, True)
-    return (out, lse, None) if return_attn_probs else out
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype):
+        raise ValueError(f"flash_attn2: out must be a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
+                                cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
+                                True, alibi_slopes, num_splits, True, learnable_sink)
+    if out is not None:
+        out.copy_(result)
+        result = out
+    return (result, lse, None) if return_attn_probs else result
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -118,7 +118,7 @@ def test_block_table_checks():
     with pytest.raises(TypeError, match="block_table must be int32"):
         flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k,
                                            block_table=table.long())
-    with pytest.raises(NotImplementedError, match="seqused_k and scheduler_metadata are supported with block_table"):
+    with pytest.raises(NotImplementedError, match="seqused_k, scheduler_metadata and out are supported with block_table"):
         flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=torch.zeros(2, dtype=torch.int32))
 
 
@@ -236,7 +236,7 @@ def test_signatures_match_flash_attn():
                                   "softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
                                   "alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, "
                                   "*, seqused_k=None, num_splits=0, learnable_sink=None, s_aux=None, "
-                                  "scheduler_metadata=None",
+                                  "scheduler_metadata=None, out=None",
     }
     for name, params in expected.items():
         assert str(inspect.signature(getattr(flash_attn2, name))) == f"({params})"
