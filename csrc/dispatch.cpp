@@ -233,6 +233,7 @@ std::string fwd_params_problem(const FwdParams& p) {
   }
   if (p.dropout_p > 0.f && (kv_cache || p.kv_splits > 1)) return "dropout_p must be 0 with a KV cache or kv_splits > 1";
   if (p.kv_splits < 0 || p.kv_splits > kMaxKvSplits) return "kv_splits must be in 0..kMaxKvSplits (128)";
+  if (reinterpret_cast<uintptr_t>(p.split_accum) % 16 != 0) return "split_accum must be 16-byte aligned";
   if (p.seqused_k_add < 0) return "seqused_k_add must be >= 0";
   if (p.kv_batch_idx != nullptr && p.kv_batch < 1) return "kv_batch must be >= 1 with kv_batch_idx";
   if (varlen && p.batch < 1) return "varlen needs batch >= 1 (cu_seqlens of batch + 1 >= 2 entries)";

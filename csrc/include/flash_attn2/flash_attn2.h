@@ -119,7 +119,7 @@ struct FwdParams {
   // kMaxKvSplits). The splits change the order of the sums: results differ from the unsplit ones in the last
   // bits. Rows of a kv head's query heads share one tile (GQA packing) where the call has no ALiBi.
   int kv_splits = 0;
-  float* split_accum = nullptr;
+  float* split_accum = nullptr;  // 16-byte aligned
   // Paged K / V (block_table; without kv_batch_idx): k and v are (num_pages, page_size, num_heads_k, head_dim)
   // pages, k/v_batch_stride the page stride; batch entry b's key row j (counted from its leftpad_k) is row
   // j % page_size of page page_table[b * page_table_batch_stride + j / page_size], each entry clamped to

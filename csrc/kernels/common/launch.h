@@ -2,6 +2,8 @@
 // dependent launch for the backward's chain of kernels (preprocess, main kernel, conversions).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <utility>
 
 #include <cuda_runtime.h>
@@ -43,14 +45,31 @@ __device__ inline void griddep_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// Whether this kernel's code waits for its predecessor (griddep_wait compiled in: code generated for compute_90
+// or newer). A build without sm_90 code that runs on a newer GPU JIT-compiles compute_8x PTX, where the wait is
+// absent: such a kernel must not be launched with programmatic serialization. Cached per kernel.
+inline bool kernel_waits_for_predecessor(const void* kernel) {
+  constexpr int kSlots = 64;
+  static std::atomic<const void*> keys[kSlots] = {};
+  static std::atomic<int8_t> answers[kSlots] = {};  // 1 no, 2 yes
+  const size_t slot = (reinterpret_cast<uintptr_t>(kernel) >> 4) % kSlots;
+  if (keys[slot].load(std::memory_order_acquire) == kernel) return answers[slot].load(std::memory_order_relaxed) == 2;
+  cudaFuncAttributes attr{};
+  const bool waits = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess && attr.ptxVersion >= 90;
+  answers[slot].store(waits ? 2 : 1, std::memory_order_relaxed);
+  keys[slot].store(kernel, std::memory_order_release);
+  return waits;
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), programmatically dependent on the stream's previous kernel
-// where the device has it (sm_90+).
+// where the device has it (sm_90+) and the kernel's code waits for it (kernel_waits_for_predecessor).
 template <typename... Params, typename... Args>
 cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                          Args&&... args) {
   int device = 0, major = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) return err;
+  if (major >= 9 && !kernel_waits_for_predecessor(reinterpret_cast<const void*>(kernel))) major = 0;
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;

@@ -28,8 +28,8 @@ __host__ __device__ inline SplitGrid split_grid(const FwdParams& p, int block_m,
   const int pack = split_pack(p);
   const int64_t rows = int64_t(p.seqlen_q) * pack;
   // At least one tile: with varlen, seqlen_q is a hint (0 allowed) and the tiles loop over the rows past it.
-  const int64_t m_blocks = (rows + block_m - 1) / block_m;
-  return {int(m_blocks > 1 ? m_blocks : 1), splits, int64_t(p.batch) * (p.num_heads / pack)};
+  const int64_t m_blocks = (rows + block_m - 1) / block_m, max_x = 0x7fffffff;  // the kernels loop past the grid's x
+  return {int(m_blocks < 1 ? 1 : m_blocks > max_x ? max_x : m_blocks), splits, int64_t(p.batch) * (p.num_heads / pack)};
 }
 
 // The key blocks of split `split` of `splits` over blocks [n_min, n_max): equal shares of ceil(n / splits),
