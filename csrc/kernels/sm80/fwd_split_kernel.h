@@ -76,6 +76,62 @@ __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& s
   }
 }
 
+// Both tiles' pieces: Q's gather, a K / V block's load and the mask.
+
+// Q's rows [0, tile_rows) into sQ (rows of a tile belong to different heads: row r is query query_of(r) of head
+// head_of(r)), 16 bytes per copy, zeros past the rows and the head dim. Synchronous stores: Q is small, and the
+// caller's barrier publishes it.
+template <class Element, int kRows, int kHeadDim, class SmemQ, class QueryOf, class HeadOf>
+__device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq, SmemQ& sQ, int tile_rows,
+                                         QueryOf query_of, HeadOf head_of, int tid, int threads) {
+  constexpr int kVecs = kHeadDim / 8;
+  for (int idx = tid; idx < kRows * kVecs; idx += threads) {
+    const int r = idx / kVecs, c = idx % kVecs;
+    uint4 value = {0, 0, 0, 0};
+    if (r < tile_rows && c * 8 < p.head_dim) {
+      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) + seq.q_offset(p, query_of(r), head_of(r)) +
+                                              c * 8);
+    }
+    *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
+  }
+}
+
+// Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
+// one tile, checking rows only where the sequence's end cuts it (zeros past len_k: a cache's unused rows, whatever
+// they hold, never reach a score or P V).
+template <int kRows, class Element, class Copy, class SrcK, class SrcV, class DstK, class DstV, class Coord>
+__device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq& seq, int bidh_k, const Copy& copy,
+                                             const SrcK& gk, const SrcV& gv, DstK&& sk, DstV&& sv, const Coord& coord,
+                                             int row0) {
+  const int rows_left = seq.len_k - row0;
+  if (seq.pages != nullptr) {
+    load_paged(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
+               static_cast<const Element*>(p.v) + bidh_k * p.v_head_stride, sk, sv, coord, row0);
+  } else if (rows_left < kRows) {
+    load_tile<true>(copy, gk, sk, coord, rows_left, p.head_dim);
+    load_tile<true>(copy, gv, sv, coord, rows_left, p.head_dim);
+  } else {
+    load_tile<false>(copy, gk, sk, coord, rows_left, p.head_dim);
+    load_tile<false>(copy, gv, sv, coord, rows_left, p.head_dim);
+  }
+}
+
+// S to -inf where a row's query (query[r]: packed rows map to queries) does not see the key; col0 the block's first
+// key. kBothEdges: a window's left edge may cut the block too.
+template <bool kBothEdges, int kRows, class TensorS, class Coord>
+__device__ __forceinline__ void mask_queries(TensorS& S, const Coord& coord, const int (&query)[kRows],
+                                             const Window& window, int col0) {
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int begin = kBothEdges ? window.key_begin(query[r]) - col0 : 0, end = window.key_end(query[r]) - col0;
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(S); ++c) {
+      const int col = cute::get<1>(coord(r, c));
+      if (col >= end || (kBothEdges && col < begin)) S(r, c) = -INFINITY;
+    }
+  }
+}
+
 // The row tiles of one (batch entry, head group) that block (blockIdx.x, split) takes, as fn(row0, row_end, direct):
 // with several splits, the rows below the hint (seqlen_q: varlen's max_seqlen_q) in tiles that stop at it, each split
 // its share of the keys into partials; then the rows past the hint (a varlen sequence longer than the hint says),
@@ -147,18 +203,9 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   auto query_of = [&](int r) { return int((row0 + r) / pack); };
   auto head_of = [&](int r) { return head0 + int((row0 + r) % pack); };
 
-  // Q: gathered row by row (the rows of a tile belong to different heads), 16 bytes per copy; zeros past the
-  // rows and the head dim. Stored synchronously: it is small, and the first step's barrier publishes it.
+  // Q: the first step's barrier publishes it.
+  gather_q<Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, kNThreads);
   constexpr int kChunks = kHeadDim / 8;
-  for (int idx = tid; idx < kBlockM * kChunks; idx += kNThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    uint4 value = {0, 0, 0, 0};
-    if (r < tile_rows && c * 8 < params.head_dim) {
-      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) +
-                                              seq.q_offset(params, query_of(r), head_of(r)) + c * 8);
-    }
-    *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
-  }
 
   // Global -> shared for K and V, stage 0's partition; stage s is kKVSize elements on.
   typename Traits::GmemTiledCopyIn gmem_copy;
@@ -170,19 +217,10 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
   // Block n into stage n % kStages; the sequence's last block may be cut (zeros past len_k: a cache's unused
   // rows, whatever they hold, never reach a score or P V).
-  auto load_kv = [&](int n_block) {
-    const int offset = (n_block % kStages) * int(Traits::kKVSize), rows_left = seq.len_k - n_block * kBlockN;
-    if (seq.pages != nullptr) {
-      load_paged(params, seq, static_cast<const Element*>(params.k) + bidh_k * params.k_head_stride,
-                 static_cast<const Element*>(params.v) + bidh_k * params.v_head_stride, at_offset(tKsK, offset),
-                 at_offset(tVsV, offset), tKVcKV, n_block * kBlockN);
-    } else if (rows_left < kBlockN) {
-      load_tile<true>(gmem_copy, tKgK(_, _, _, n_block), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
-      load_tile<true>(gmem_copy, tVgV(_, _, _, n_block), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
-    } else {
-      load_tile<false>(gmem_copy, tKgK(_, _, _, n_block), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
-      load_tile<false>(gmem_copy, tVgV(_, _, _, n_block), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
-    }
+  auto load_kv = [&](int n_block) {  // block n into stage n % kStages
+    const int offset = (n_block % kStages) * int(Traits::kKVSize);
+    load_kv_rows<kBlockN, Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n_block), tVgV(_, _, _, n_block),
+                                   at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n_block * kBlockN);
   };
 
   typename Traits::TiledMma mma;
@@ -210,18 +248,6 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, head0);
   OnlineSoftmax<kRows> softmax(mods.scale(params));
 
-  // Blocks the window's edges or the sequence's end cut: S to -inf where the row's query does not see the key.
-  auto mask = [&](auto& S, int col0) {
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int begin = kExtended ? window.key_begin(query[r]) - col0 : 0, end = window.key_end(query[r]) - col0;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(S); ++c) {
-        const int col = get<1>(tScS(r, c));
-        if (col >= end || (kExtended && col < begin)) S(r, c) = -INFINITY;
-      }
-    }
-  };
 
   // The pipeline: blocks begin .. begin + kStages - 2 in flight before the first step; one commit group per block
   // (empty past the split's end), so that waiting for all but the newest kStages - 2 groups means block n landed.
@@ -241,7 +267,9 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
     gemm_ss(mma, acc_s, tSrQ, tSsQ, smem_copy_q, tSrK, at_offset(tSsK, offset), smem_copy_k);
     Tensor S = rowcol_view(acc_s);
     if constexpr (kExtended) mods.apply(S, params, alibi, tScS, int(row0), n_block * kBlockN);
-    if (n_block >= blocks.n_masked_min || (kExtended && n_block < blocks.n_unmasked_min)) mask(S, n_block * kBlockN);
+    if (n_block >= blocks.n_masked_min || (kExtended && n_block < blocks.n_unmasked_min)) {
+      mask_queries<kExtended>(S, tScS, query, window, n_block * kBlockN);  // the window's edges or the sequence's end
+    }
     Tensor O = rowcol_view(acc_o);
     softmax.update(S, O);
     Tensor rP = convert_fragment<Element>(acc_s);
@@ -408,17 +436,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   Tensor sV = make_tensor(make_smem_ptr(kv_base + kStages * int(Traits::kChunkSize)), typename Traits::SmemLayoutKV{});  // (16, D)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (D, 16), stage 0
 
-  // Q: the packed rows gathered (rows of different heads), zeros past the rows and the head dim.
-  constexpr int kVecs = kHeadDim / 8;
-  for (int idx = tid; idx < kBlockM * kVecs; idx += 128) {
-    const int r = idx / kVecs, c = idx % kVecs;
-    uint4 value = {0, 0, 0, 0};
-    if (r < tile_rows && c * 8 < params.head_dim) {
-      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(params.q) +
-                                              seq.q_offset(params, query_of(r), head_of(r)) + c * 8);
-    }
-    *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
-  }
+  gather_q<Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, 128);
 
   typename Traits::WarpGmemCopy gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(lane);
@@ -430,18 +448,9 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   // This warp's i-th chunk of the split, into stage i % kStages; the sequence's last chunk may be cut (zeros).
   auto chunk_of = [&](int i) { return mine.begin + warp + kWarps * i; };
   auto load_chunk = [&](int i) {
-    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize), rows_left = seq.len_k - n * kChunk;
-    if (seq.pages != nullptr) {
-      load_paged(params, seq, static_cast<const Element*>(params.k) + bidh_k * params.k_head_stride,
-                 static_cast<const Element*>(params.v) + bidh_k * params.v_head_stride, at_offset(tKsK, offset),
-                 at_offset(tVsV, offset), tKVcKV, n * kChunk);
-    } else if (rows_left < kChunk) {
-      load_tile<true>(gmem_copy, tKgK(_, _, _, n), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
-      load_tile<true>(gmem_copy, tVgV(_, _, _, n), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
-    } else {
-      load_tile<false>(gmem_copy, tKgK(_, _, _, n), at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
-      load_tile<false>(gmem_copy, tVgV(_, _, _, n), at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
-    }
+    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize);
+    load_kv_rows<kChunk, Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n), tVgV(_, _, _, n),
+                                  at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n * kChunk);
   };
   CUTE_UNROLL
   for (int s = 0; s < kStages - 1; ++s) {  // one commit group per chunk, empty past the range's end
@@ -487,16 +496,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
     Tensor S = rowcol_view(acc_s);
     if constexpr (kExtended) mods.apply(S, params, alibi, tScS, int(row0), n * kChunk);
     if (n >= blocks.n_masked_min || (kExtended && n < blocks.n_unmasked_min)) {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int begin = kExtended ? window.key_begin(query[r]) - n * kChunk : 0;
-        const int end = window.key_end(query[r]) - n * kChunk;
-        CUTE_UNROLL
-        for (int c = 0; c < size<1>(S); ++c) {
-          const int col = get<1>(tScS(r, c));
-          if (col >= end || (kExtended && col < begin)) S(r, c) = -INFINITY;
-        }
-      }
+      mask_queries<kExtended>(S, tScS, query, window, n * kChunk);
     }
     Tensor O = rowcol_view(acc_o);
     softmax.update(S, O);
