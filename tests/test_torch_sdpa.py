@@ -190,3 +190,57 @@ def test_restore_gives_pytorch_kernels_back():
         _registry.restore_flash_attention_impl()
     names = " ".join(e.name for e in prof.events())
     assert "flash_attn2" in names and "pytorch_flash" not in names
+
+
+@pytest.mark.gpu
+def test_compile_and_graph_capture_under_activation(active):
+    """torch.compile(fullgraph=True) of SDPA (inductor keeps the aten flash op, whose CUDA kernel is ours) and CUDA
+    graph capture: the same results as eager."""
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    q, k, v = _inputs(2, 4, 4, 256, 256, 64, grad=False)
+
+    def attn(q, k, v):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True) * 2
+    eager = attn(q, k, v)
+    compiled = torch.compile(attn, fullgraph=True)(q, k, v)
+    assert max_error(compiled, eager) <= 1e-2
+    static = [t.clone() for t in (q, k, v)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        attn(*static)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = attn(*static)
+    for t, src in zip(static, (q, k, v)):
+        t.copy_(src * 0.5)
+    graph.replay()
+    assert max_error(captured, attn(q * 0.5, k * 0.5, v * 0.5)) <= 1e-2
+
+
+@pytest.mark.gpu
+def test_hf_llama_on_sdpa_trains_like_flash_attn2(active):
+    """A tiny Llama with attn_implementation="sdpa" and flash_attn2 activated as SDPA's flash backend: one training
+    step's loss and gradients match the same model on attn_implementation="flash_attn2" (the same kernels)."""
+    transformers = pytest.importorskip("transformers")
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    import copy
+    import flash_attn2.integrations.transformers  # noqa: F401  (registers "flash_attn2")
+    config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+                                      num_key_value_heads=2, head_dim=64, vocab_size=1000)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").cuda().to(torch.bfloat16)
+    other = copy.deepcopy(model)
+    other.set_attn_implementation("flash_attn2")
+    ids = torch.randint(1000, (2, 128), device="cuda")
+    results = []
+    for m in (model, other):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), torch.cat([p.grad.float().flatten() for p in m.parameters()])))
+    assert torch.allclose(results[0][0], results[1][0], atol=1e-3)
+    assert max_error(results[0][1], results[1][1]) <= 1e-2 * results[1][1].abs().max().item()
