@@ -40,6 +40,45 @@ def test_fake_outputs_match_the_op_contract(head_dim):
         assert out.shape == qv.shape and lse.shape == (8, 300)
 
 
+def test_kvcache_fake_outputs():
+    """flash_attn2::fwd_kvcache's fake: out in q's shape, lse (batch, nheads, seqlen_q), or (nheads, total_q) for
+    varlen q against a paged cache; its checks run at trace time (a bad block table raises)."""
+    with FakeTensorMode():
+        q = torch.empty(3, 1, 8, 128, device="cuda", dtype=BF16)
+        cache = torch.empty(3, 64, 2, 128, device="cuda", dtype=BF16)
+        seqlens = torch.empty(3, device="cuda", dtype=torch.int32)
+        out, lse = _ops.fwd_kvcache(q, cache, cache, None, None, None, None, seqlens, None, None, None, None, None, 0,
+                                    0.1, True, -1, 0, 0.0, True, None, 0)
+        assert out.shape == q.shape and lse.shape == (3, 8, 1) and lse.dtype == torch.float32
+        qv = torch.empty(7, 8, 128, device="cuda", dtype=BF16)
+        pages = torch.empty(10, 16, 2, 128, device="cuda", dtype=BF16)
+        table = torch.empty(3, 4, device="cuda", dtype=torch.int32)
+        cu = torch.empty(4, device="cuda", dtype=torch.int32)
+        out, lse = _ops.fwd_kvcache(qv, pages, pages, None, None, None, None, seqlens, None, None, table, cu, None, 3,
+                                    0.1, True, -1, 0, 0.0, True, None, 0)
+        assert out.shape == qv.shape and lse.shape == (8, 7)
+        with pytest.raises(TypeError, match="block_table must be int32"):
+            _ops.fwd_kvcache(qv, pages, pages, None, None, None, None, seqlens, None, None, table.long(), cu, None, 3,
+                             0.1, True, -1, 0, 0.0, True, None, 0)
+
+
+def test_export_kvcache_decode_step():
+    """torch.export of a decode step: one flash_attn2.fwd_kvcache node, the caches' mutation in the graph's
+    signature."""
+    class Decode(torch.nn.Module):
+        def forward(self, q, k, v, k_cache, v_cache, seqlens):
+            return flash_attn2.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, causal=True)
+
+    with FakeTensorMode():
+        q = torch.empty(2, 1, 8, 64, device="cuda", dtype=BF16)
+        k, v = (torch.empty(2, 1, 2, 64, device="cuda", dtype=BF16) for _ in range(2))
+        k_cache, v_cache = (torch.empty(2, 32, 2, 64, device="cuda", dtype=BF16) for _ in range(2))
+        seqlens = torch.empty(2, device="cuda", dtype=torch.int32)
+    program = torch.export.export(Decode(), (q, k, v, k_cache, v_cache, seqlens))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert any("fwd_kvcache" in t for t in targets), targets
+
+
 def test_export_on_fake_inputs():
     """torch.export sees one flash_attn2.fwd node; nothing on the traced path needs a real tensor."""
     class Attention(torch.nn.Module):
