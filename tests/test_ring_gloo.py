@@ -198,3 +198,26 @@ def test_ring_compiles_without_a_graph_break():
         results = manager.dict()
         mp.spawn(_compile_worker, args=(2, os.path.join(tmp, "store"), results), nprocs=2, join=True)
         assert dict(results) == {0: True, 1: True}
+
+
+def _mismatch_worker(rank, world, store_path, results):
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        seqlen = 8 if rank == 0 else 12  # rank 1 holds another length: the ring would hang or read garbage
+        q = torch.randn(1, seqlen, 2, 8, dtype=torch.float64)
+        try:
+            ring._ring_func("zigzag", q, q, q, 0.0, None, True, (-1, -1), None, False, False, None,
+                            backend=ring.ReferenceBackend)
+            results[rank] = "no error"
+        except ValueError as e:
+            results[rank] = str(e)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_mismatched_shapes_raise_on_every_rank():
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_mismatch_worker, args=(2, os.path.join(tmp, "store"), results), nprocs=2, join=True)
+        got = dict(results)
+    assert all("shapes and dtypes differ" in got[r] for r in (0, 1)), got

@@ -110,6 +110,8 @@ class _Llama3Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, heads_k_stride, local_k_slice, scale, causal, window,
                 deterministic, group, backend):
+        from .ring import check_ranks_agree
+        check_ranks_agree(group, "all-gather (llama3)", k, v)  # the gathers need equal slices
         world = dist.get_world_size(group)
         heads, heads_k = q.shape[1], k.shape[1]
         group_q = heads // heads_k

@@ -87,6 +87,25 @@ class RingComm:
         return recv, dist.batch_isend_irecv(ops)
 
 
+_AGREED: set = set()
+
+
+def check_ranks_agree(group, what: str, *tensors) -> None:
+    """Every rank of the group calls with the same shapes and dtypes (a ring with mismatched shapes would hang or read
+    garbage): checked once per (group, shapes, dtypes) by a small all_gather_object, and a ValueError on every rank
+    where they differ, before any of the ring's transfers."""
+    key = (group.group_name if group is not None else "default", what,
+           tuple((tuple(t.shape), str(t.dtype)) for t in tensors))
+    if key in _AGREED:
+        return
+    seen = [None] * dist.get_world_size(group)
+    dist.all_gather_object(seen, key[1:], group=group)
+    if any(other != key[1:] for other in seen):
+        raise ValueError(f"flash_attn2.distributed: {what}: the ranks' shapes and dtypes differ "
+                         f"(rank: (shape, dtype) of each tensor): {dict(enumerate(s[1] for s in seen))}")
+    _AGREED.add(key)
+
+
 def _pack(*tensors):
     return torch.cat([t.reshape(-1) for t in tensors])
 
@@ -103,6 +122,7 @@ def _unpack(flat, like):
 
 def ring_forward(q, k, v, layout, causal, scale, group, backend):
     """This rank's (out fp32, lse) over every rank's keys."""
+    check_ranks_agree(group, f"ring ({layout})", q, k, v)
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
     out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
-from .ring import RingComm, _pack, _unpack
+from .ring import RingComm, _pack, _unpack, check_ranks_agree
 
 _CHUNKS = {"contiguous": 1, "zigzag": 2}
 
@@ -37,6 +37,7 @@ def _tasks(layout, world, rank, step, causal):
 
 
 def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend):
+    check_ranks_agree(group, f"varlen ring ({layout})", q, k, v, torch.tensor(local_cu))
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
