@@ -77,14 +77,24 @@ class RingComm:
             (self.rank - 1) % self.world
         self._started = False
 
-    def exchange(self, send: torch.Tensor):
-        """Starts sending `send` on and receiving the previous rank's; returns (receive buffer, requests)."""
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor | None = None, tag: int = 0):
+        """Starts sending `send` on and receiving the previous rank's into `recv` (a new buffer if None); returns
+        (receive buffer, requests). Exchanges in flight together use distinct tags (gloo matches by tag; every rank
+        posts them in the same order)."""
         if not self._started:
             dist.barrier(group=self.group)
             self._started = True
-        recv = torch.empty_like(send)
-        ops = [dist.P2POp(dist.isend, send, self.next, self.group), dist.P2POp(dist.irecv, recv, self.prev, self.group)]
+        recv = torch.empty_like(send) if recv is None else recv
+        ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
+               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
         return recv, dist.batch_isend_irecv(ops)
+
+
+def _wait(pending):
+    buf, reqs = pending
+    for req in reqs:
+        req.wait()
+    return buf
 
 
 _AGREED: set = set()
@@ -128,8 +138,9 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
     kv = _pack(k, v)
+    spare = torch.empty_like(kv) if comm.world > 1 else None  # two buffers, alternating: one sent, one received
     for step in range(comm.world):
-        pending = comm.exchange(kv) if step + 1 < comm.world else None
+        pending = comm.exchange(kv, spare) if step + 1 < comm.world else None  # the next hop, in flight
         k_cur, v_cur = _unpack(kv, (k, v))
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
@@ -139,22 +150,26 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
             merge_partial(o, l, bout, blse)
             out[:, rows], lse[:, :, rows] = o, l
         if pending is not None:
-            kv, reqs = pending
-            for req in reqs:
-                req.wait()
+            kv, spare = _wait(pending), kv
     return out, lse
 
 
 def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic):
-    """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries."""
+    """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries. The keys and values go around again
+    (the next hop in flight during this step's blocks); the held block's dK / dV sum travels one hop behind them
+    (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home."""
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
     kv = _pack(k, v)
+    spare = torch.empty_like(kv) if comm.world > 1 else None
+    sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
     for step in range(comm.world):
+        kv_pending = comm.exchange(kv, spare, tag=0) if step + 1 < comm.world else None
         k_cur, v_cur = _unpack(kv, (k, v))
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, keys = _block(task, q, k_cur, v_cur)
             rows = slice(row0, task.q[1])
@@ -163,16 +178,14 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             dq[:, rows] += bdq
             dk[:, keys[0]:keys[1]] += bdk
             dv[:, keys[0]:keys[1]] += bdv
-        # The held block's dK / dV sum travels on with it (its keys and values too, but for the last hop): after the
-        # world-th hop every sum is back on the rank that holds its keys.
-        dkv, reqs = comm.exchange(_pack(dk, dv) if step + 1 == comm.world else _pack(dk, dv, k_cur, v_cur))
-        for req in reqs:
-            req.wait()
-        if step + 1 < comm.world:
-            dk, dv, k_next, v_next = _unpack(dkv, (dk, dv, k, v))
-            kv = _pack(k_next, v_next)
-        else:
-            dk, dv = (t.clone() for t in _unpack(dkv, (dk, dv)))  # views of one buffer: separate outputs
+        if sums_in is not None:
+            prev_dk, prev_dv = _unpack(_wait(sums_in), (dk, dv))
+            dk += prev_dk
+            dv += prev_dv
+        sums_in = comm.exchange(_pack(dk, dv), tag=1)  # on to the next rank, which holds this block next
+        if kv_pending is not None:
+            kv, spare = _wait(kv_pending), kv
+    dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))  # this rank's own block, from every rank
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

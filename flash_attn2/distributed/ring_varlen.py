@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
-from .ring import RingComm, _pack, _unpack, check_ranks_agree
+from .ring import RingComm, _pack, _unpack, _wait, check_ranks_agree
 
 _CHUNKS = {"contiguous": 1, "zigzag": 2}
 
@@ -44,8 +44,9 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
     kv = _pack(k, v)
+    spare = torch.empty_like(kv) if comm.world > 1 else None
     for step in range(comm.world):
-        pending = comm.exchange(kv) if step + 1 < comm.world else None
+        pending = comm.exchange(kv, spare) if step + 1 < comm.world else None
         k_cur, v_cur = _unpack(kv, (k, v))
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
             qi, cu_q, max_q = _select(local_cu, chunks, *task.q, q.device)
@@ -58,21 +59,24 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
             merge_partial(o, l, bout.unsqueeze(0), blse.unsqueeze(0))
             out[qi], lse[:, qi] = o[0], l[0]
         if pending is not None:
-            kv, reqs = pending
-            for req in reqs:
-                req.wait()
+            kv, spare = _wait(pending), kv
     return out, lse
 
 
 def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scale, group, backend, deterministic):
+    """ring.ring_backward's schedule over documents: the next hop's keys in flight, the dK / dV sums one hop behind."""
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    dk, dv = torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)
     kv = _pack(k, v)
+    spare = torch.empty_like(kv) if comm.world > 1 else None
+    sums_in = None
     for step in range(comm.world):
+        kv_pending = comm.exchange(kv, spare, tag=0) if step + 1 < comm.world else None
         k_cur, v_cur = _unpack(kv, (k, v))
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
             qi, cu_q, max_q = _select(local_cu, chunks, *task.q, q.device)
             ki, cu_k, max_k = _select(local_cu, chunks, *task.k, q.device)
@@ -83,14 +87,14 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
             dq[qi] += g[0].to(acc)
             dk[ki] += g[1].to(acc)
             dv[ki] += g[2].to(acc)
-        dkv, reqs = comm.exchange(_pack(dk, dv) if step + 1 == comm.world else _pack(dk, dv, k_cur, v_cur))
-        for req in reqs:
-            req.wait()
-        if step + 1 < comm.world:
-            dk, dv, k_next, v_next = _unpack(dkv, (dk, dv, k, v))
-            kv = _pack(k_next, v_next)
-        else:
-            dk, dv = _unpack(dkv, (dk, dv))
+        if sums_in is not None:
+            prev_dk, prev_dv = _unpack(_wait(sums_in), (dk, dv))
+            dk += prev_dk
+            dv += prev_dv
+        sums_in = comm.exchange(_pack(dk, dv), tag=1)
+        if kv_pending is not None:
+            kv, spare = _wait(kv_pending), kv
+    dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
