@@ -202,13 +202,13 @@ def _group(name: str):
 
 @torch.library.custom_op("flash_attn2::ring_fwd", mutates_args=())
 def _ring_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, causal: bool, scale: float,
-              group_name: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+              group_name: str, backend: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     out, lse = ring_forward(q, k, v, layout, causal, scale, _group(group_name), _BACKENDS[backend])
     return out.to(q.dtype), lse
 
 
 @_ring_fwd.register_fake
-def _(q, k, v, layout, causal, scale, group_name, backend):
+def _(q, k, v, layout, causal, scale, group_name, backend, deterministic):
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=acc)
 
@@ -227,10 +227,10 @@ def _(dout, q, k, v, out, lse, layout, causal, scale, group_name, backend, deter
 
 
 def _ring_setup(ctx, inputs, output):
-    q, k, v, layout, causal, scale, group_name, backend = inputs
+    q, k, v, layout, causal, scale, group_name, backend, deterministic = inputs
     ctx.save_for_backward(q, k, v, *output)
     ctx.args = (layout, causal, scale, group_name, backend)
-    ctx.deterministic = torch.are_deterministic_algorithms_enabled()
+    ctx.deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
 
 
 def _ring_grad(ctx, dout, _dlse):
@@ -238,7 +238,7 @@ def _ring_grad(ctx, dout, _dlse):
     layout, causal, scale, group_name, backend = ctx.args
     dq, dk, dv = _ring_bwd(dout.contiguous(), q, k, v, out, lse, layout, causal, scale, group_name, backend,
                            ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _ring_fwd.register_autograd(_ring_grad, setup_context=_ring_setup)
@@ -261,9 +261,7 @@ def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, a
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     group_name = (group if group is not None else dist.group.WORLD).group_name
     name = {KernelBackend: "kernel", ReferenceBackend: "reference", None: "kernel"}[backend]
-    if deterministic:  # the backward reads torch's flag (a custom op's autograd sees no call arguments beyond these)
-        torch.use_deterministic_algorithms(True)
-    out, lse = _ring_fwd(q, k, v, layout, bool(causal), scale, group_name, name)
+    out, lse = _ring_fwd(q, k, v, layout, bool(causal), scale, group_name, name, bool(deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 
