@@ -47,7 +47,9 @@ def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
     total = weights.sum(0)
     lse = torch.where(total > 0, torch.log(total) + finite_max, torch.full_like(total, -torch.inf))
     weights = weights / torch.where(total > 0, total, torch.ones_like(total))
-    merged = (weights.unsqueeze(-1) * out_partial).sum(0).to(out_dtype)
+    # A split with weight 0 (no key) may hold anything, NaN included (FA3's kernel skips it): never multiplied in.
+    weights = weights.unsqueeze(-1)
+    merged = torch.where(weights > 0, weights * out_partial, torch.zeros_like(out_partial)).sum(0).to(out_dtype)
     if out is not None:
         out.copy_(merged)
         merged = out

@@ -204,14 +204,18 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
 
 
 def metadata_splits(scheduler_metadata, num_splits):
-    """num_splits, or where it is 0 the split count get_scheduler_metadata returned."""
+    """num_splits, or where it is 0 the split count get_scheduler_metadata returned. A copy of the metadata on the
+    device (an engine's persistent buffer under CUDA graphs) is not read (a sync): the call then chooses the same plan
+    itself, which depends on the shapes alone."""
     if scheduler_metadata is None:
         return num_splits
-    if not (isinstance(scheduler_metadata, torch.Tensor) and scheduler_metadata.device.type == "cpu" and
-            tuple(scheduler_metadata.shape) == (1,) and scheduler_metadata.dtype == torch.int32):
+    if not (isinstance(scheduler_metadata, torch.Tensor) and tuple(scheduler_metadata.shape) == (1,) and
+            scheduler_metadata.dtype == torch.int32):
         raise ValueError("flash_attn2: scheduler_metadata must be what flash_attn2.get_scheduler_metadata returned (a "
-                         "(1,) int32 CPU tensor); FA3's device buffers do not carry over")
-    return num_splits if num_splits else int(scheduler_metadata[0])
+                         "(1,) int32 tensor); FA3's buffers do not carry over")
+    if num_splits or scheduler_metadata.device.type != "cpu":
+        return num_splits
+    return int(scheduler_metadata[0])
 
 
 @torch.library.register_fake("flash_attn2::fwd_kvcache")
@@ -292,6 +296,9 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     """flash_attn_with_kvcache's and the paged flash_attn_varlen_func's common part: checks, then the op."""
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
+    if learnable_sink is not None:  # before the op, which writes the caches
+        from ._sinks import check_sink
+        check_sink(learnable_sink, q.shape[-2], q)
     softcap = _softcap(softcap)
     scale = _softmax_scale(softmax_scale, q.shape[-1])
     seqlen_k = k_cache.shape[1] * (block_table.shape[1] if block_table is not None else 1)  # the capacity
@@ -305,7 +312,6 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                                 cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale, causal, left,
                                 right, softcap, bool(rotary_interleaved), alibi_slopes, operator.index(num_splits))
     if learnable_sink is not None:  # flash_attn2/_sinks.py, forward only
-        from ._sinks import apply_sink, check_sink
-        check_sink(learnable_sink, q.shape[-2], q)
+        from ._sinks import apply_sink
         out, lse = apply_sink(out, lse, learnable_sink, cu_seqlens_q is not None)
     return (out, lse) if return_softmax_lse else out

@@ -28,7 +28,7 @@ def check_sink(sink, heads: int, q: torch.Tensor) -> None:
 
 
 def _rows(lse: torch.Tensor, varlen: bool):
-    """lse's layout -> (a view that broadcasts a (heads,) vector over it, the transpose that matches out's rows)."""
+    """lse's layout -> a view that broadcasts a (heads,) vector over it."""
     return (lambda s: s.view(-1, 1)) if varlen else (lambda s: s.view(1, -1, 1))
 
 
@@ -37,7 +37,8 @@ def apply_sink(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor, varlen:
     / (heads, total)."""
     per_head = _rows(lse, varlen)(sink.float())
     new = torch.logaddexp(lse, per_head)
-    factor = torch.exp(lse - new)  # 0 where lse is -inf
+    # 0 where lse is -inf (no key); also where the sink is -inf too (both -inf: exp(nan) otherwise)
+    factor = torch.where(torch.isinf(new) & (new < 0), torch.zeros_like(new), torch.exp(lse - new))
     factor = factor.transpose(-1, -2) if not varlen else factor.t()  # out's (..., seqlen, heads) order
     return (out.float() * factor.unsqueeze(-1)).to(out.dtype), new
 
@@ -47,6 +48,7 @@ def sink_grad(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, sink: to
     d = (dout.float() * out.float()).sum(-1)  # (batch, seqlen, heads) / (total, heads)
     d = d.transpose(-1, -2) if not varlen else d.t()  # lse's layout
     p_sink = torch.exp(_rows(lse, varlen)(sink.float()) - lse)
+    p_sink = torch.where(torch.isinf(lse) & (lse < 0), torch.zeros_like(p_sink), p_sink)  # lse' -inf: a -inf sink, no key
     dims = (0, 2) if not varlen else (1,)
     return (-(p_sink * d).sum(dims)).to(sink.dtype)
 
@@ -73,7 +75,9 @@ class SinkAttention(torch.autograd.Function):
         q, k, v, out, lse, sink, cu_q, cu_k, alibi, rng_state = ctx.saved_tensors
         max_q, max_k, scale, causal, left, right, softcap, deterministic, dropout_p, varlen = ctx.args
         det = deterministic or torch.are_deterministic_algorithms_enabled()
-        dq, dk, dv = _ops.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, softcap,
-                              alibi, det, dropout_p, rng_state)
+        dq = dk = dv = None
+        if any(ctx.needs_input_grad[:3]):
+            dq, dk, dv = _ops.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right,
+                                  softcap, alibi, det, dropout_p, rng_state)
         dsink = sink_grad(dout, out, lse, sink, varlen) if ctx.needs_input_grad[3] else None
         return dq, dk, dv, dsink, *([None] * 12)

@@ -85,8 +85,10 @@ def _pad_value_head_dim(q, k, v):
     if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
         return q, k, v, None
     d_qk, d_v = q.shape[-1], v.shape[-1]
-    if d_v == d_qk or k.shape[-1] != d_qk or tuple(k.shape[:-1]) != tuple(v.shape[:-1]):
-        return q, k, v, None  # equal, or a shape error the checks report
+    if d_v == d_qk or k.shape[-1] != d_qk or tuple(k.shape[:-1]) != tuple(v.shape[:-1]) or d_qk > MAX_HEAD_DIM:
+        return q, k, v, None  # equal, or a shape error the checks report (they name q)
+    if not 0 < d_v <= MAX_HEAD_DIM:
+        raise ValueError(f"flash_attn2: v's head dim (v.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {d_v}")
     if d_v < d_qk:
         return q, k, torch.nn.functional.pad(v, (0, d_qk - d_v)), d_v
     return torch.nn.functional.pad(q, (0, d_v - d_qk)), torch.nn.functional.pad(k, (0, d_v - d_qk)), v, None

@@ -59,3 +59,14 @@ def test_argument_errors(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         flash_attn_combine(**args)
+
+
+def test_empty_splits_may_hold_nan():
+    """FA3's combine skips splits with no key, whose partial output may be unwritten: NaN there never reaches out."""
+    out_partial = torch.randn(3, 1, 2, 2, 8)
+    lse_partial = torch.randn(3, 1, 2, 2)
+    out_partial[1] = torch.nan
+    lse_partial[1] = -torch.inf
+    out, lse = flash_attn_combine(out_partial, lse_partial)
+    ref, ref_lse = combine_ref(out_partial[[0, 2]], lse_partial[[0, 2]])
+    assert torch.isfinite(out).all() and torch.allclose(out, ref) and torch.allclose(lse, ref_lse)

@@ -54,3 +54,9 @@ def test_mla_head_dims(d_qk, d_v, causal):
         assert g.shape == {"q": q, "k": k, "v": v}[name].shape
         ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
         assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
+
+
+def test_error_names_v_head_dim():
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"v's head dim \(v.shape\[-1\]\) must be in 1..256, got 512"):
+        flash_attn2.flash_attn_func(q, q, torch.zeros(1, 4, 2, 512, dtype=torch.bfloat16))

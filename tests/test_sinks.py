@@ -131,3 +131,13 @@ def test_kvcache_with_sink():
         ref, ref_lse = attention_ref(q[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n], sink=sink)
         assert max_error(out[b:b + 1], ref) <= 2e-2 and max_error(lse[b:b + 1], ref_lse) <= 1e-3
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.allclose(lse[0, :, 0], sink)
+
+
+def test_minus_inf_sink_on_a_row_with_no_key():
+    """A -inf sink (no sink) on a row that sees no key: out 0, lse -inf, dsink 0, no NaN."""
+    out = torch.zeros(1, 2, 1, 4)
+    lse = torch.tensor([[[-math.inf, 0.5]]])
+    sink = torch.tensor([-math.inf])
+    o, l = apply_sink(out + 1.0, lse, sink, varlen=False)
+    assert torch.equal(o[0, 0], torch.zeros(1, 4)) and l[0, 0, 0] == -math.inf and torch.isfinite(o).all()
+    assert torch.isfinite(sink_grad(torch.ones_like(o), o, l, sink, varlen=False)).all()

@@ -64,9 +64,13 @@ def _block(task, q, k, v):
 
 # ---- Communication ----
 
+_BARRIER_DONE: set = set()  # groups whose first batched P2P has followed a barrier
+
+
 class RingComm:
     """Sends a flat buffer to the next rank and receives the previous rank's into a buffer of the same size, as one
-    batched P2P; the group's first exchange follows a barrier (every rank must join the first batched P2P)."""
+    batched P2P; the group's first exchange in the process follows a barrier (every rank must join the first batched
+    P2P of a group; later ones need none, and a barrier per call would sync the device and stop graph capture)."""
 
     def __init__(self, group):
         self.group = group
@@ -82,7 +86,10 @@ class RingComm:
         (receive buffer, requests). Exchanges in flight together use distinct tags (gloo matches by tag; every rank
         posts them in the same order)."""
         if not self._started:
-            dist.barrier(group=self.group)
+            name = self.group.group_name if self.group is not None else "default"
+            if name not in _BARRIER_DONE:
+                dist.barrier(group=self.group)
+                _BARRIER_DONE.add(name)
             self._started = True
         recv = torch.empty_like(send) if recv is None else recv
         ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
@@ -97,23 +104,28 @@ def _wait(pending):
     return buf
 
 
-_AGREED: set = set()
+_AGREED: dict = {}  # (group, what, shapes) -> None, oldest first; bounded
+_AGREED_MAX = 256
 
 
 def check_ranks_agree(group, what: str, *tensors) -> None:
     """Every rank of the group calls with the same shapes and dtypes (a ring with mismatched shapes would hang or read
-    garbage): checked once per (group, shapes, dtypes) by a small all_gather_object, and a ValueError on every rank
-    where they differ, before any of the ring's transfers."""
+    garbage): checked on the first call with each (group, shapes, dtypes) by a small all_gather_object, a ValueError
+    on every rank where they differ, before any of the ring's transfers. Limits: a set of shapes is checked once per
+    rank, so if one rank repeats shapes it has checked while another brings new ones, the first goes on and the
+    collectives no longer match (a hang, as without the check); values (varlen document splits) are not compared."""
     key = (group.group_name if group is not None else "default", what,
            tuple((tuple(t.shape), str(t.dtype)) for t in tensors))
     if key in _AGREED:
         return
+    if len(_AGREED) >= _AGREED_MAX:
+        _AGREED.pop(next(iter(_AGREED)))
     seen = [None] * dist.get_world_size(group)
     dist.all_gather_object(seen, key[1:], group=group)
     if any(other != key[1:] for other in seen):
         raise ValueError(f"flash_attn2.distributed: {what}: the ranks' shapes and dtypes differ "
                          f"(rank: (shape, dtype) of each tensor): {dict(enumerate(s[1] for s in seen))}")
-    _AGREED.add(key)
+    _AGREED[key] = None
 
 
 def _pack(*tensors):
@@ -182,6 +194,8 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             prev_dk, prev_dv = _unpack(_wait(sums_in), (dk, dv))
             dk += prev_dk
             dv += prev_dv
+        if comm.world == 1:  # nothing to send: the sums are this rank's own block's already
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
         sums_in = comm.exchange(_pack(dk, dv), tag=1)  # on to the next rank, which holds this block next
         if kv_pending is not None:
             kv, spare = _wait(kv_pending), kv
@@ -210,7 +224,8 @@ def _ring_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str, ca
 @_ring_fwd.register_fake
 def _(q, k, v, layout, causal, scale, group_name, backend, deterministic):
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=acc)
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),  # the real outputs are contiguous
+            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=acc))
 
 
 @torch.library.custom_op("flash_attn2::ring_bwd", mutates_args=())
@@ -223,7 +238,7 @@ def _ring_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
 
 @_ring_bwd.register_fake
 def _(dout, q, k, v, out, lse, layout, causal, scale, group_name, backend, deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
 def _ring_setup(ctx, inputs, output):

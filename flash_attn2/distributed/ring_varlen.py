@@ -91,6 +91,8 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
             prev_dk, prev_dv = _unpack(_wait(sums_in), (dk, dv))
             dk += prev_dk
             dv += prev_dv
+        if comm.world == 1:
+            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
         sums_in = comm.exchange(_pack(dk, dv), tag=1)
         if kv_pending is not None:
             kv, spare = _wait(kv_pending), kv
