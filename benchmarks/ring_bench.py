@@ -1,13 +1,25 @@
 # Context-parallel attention on N GPUs (issue #51): the zigzag ring (causal, h 32 / h_kv 8, d 128, bf16) at total
-# sequence lengths from 32k to 1M, forward and forward + backward; the max over ranks of the median time, beside the
-# same rank's blocks run without communication (its own K / V at every step: the compute a perfect overlap would
-# leave), whose ratio is the efficiency. One process per GPU:
-#   torchrun --nproc_per_node=4 benchmarks/ring_bench.py [--seqlens 32768 131072 524288 1048576] [--out results.csv]
+# sequence lengths from 32k to 1M, forward and forward + backward, the max over ranks of the median time (CUDA
+# events), with:
+#   compute_ms  the rank's ring blocks run without communication (its own K / V at every step): the work a perfect
+#               overlap would leave; efficiency = compute_ms / ring_ms;
+#   single_ms   one GPU's causal attention at S / sqrt(N) tokens (the same number of (query, key) pairs as one rank
+#               of the ring, in one kernel call; rescaled for the rounding of S / sqrt(N)); efficiency_1gpu =
+#               single_ms / ring_ms (the brief's definition);
+#   comm_ms     the ring's transfers alone (K + V world - 1 hops; the backward adds K + V again and world hops of the
+#               fp32 dK / dV sums), merge_ms the merges and fp32 accumulations alone: the breakdown;
+#   peer_ms     ring-flash-attn 0.1.8's zigzag ring on the same kernels (--peer: its wheel installed, the test-only
+#               shim benchmarks/peer_shim on sys.path); speedup = peer_ms / ring_ms.
+# One process per GPU:
+#   torchrun --nproc_per_node=4 benchmarks/ring_bench.py [--seqlens 32768 131072 524288 1048576] [--peer]
+#       [--out results.csv]
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
 import argparse
 import csv
+import math
 import os
 import statistics
+import sys
 
 for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(var, value)
@@ -15,17 +27,22 @@ for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import flash_attn2  # noqa: E402
 from flash_attn2.distributed import ring  # noqa: E402
+from flash_attn2.distributed._merge import merge_partial  # noqa: E402
 from flash_attn2.distributed._schedule import ring_tasks  # noqa: E402
 
+HEADS, HEADS_K, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 
-def time_ms(fn, reps=10, warmup=3):
+
+def time_ms(fn, reps, warmup=2):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         dist.barrier()
+        torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -36,65 +53,180 @@ def time_ms(fn, reps=10, warmup=3):
 
 
 def compute_only(q, k, v, world, rank, dout=None):
-    """The rank's ring blocks with its own K / V at every step (no exchange), forward or forward + backward."""
+    """The rank's ring blocks with its own K / V at every step (no exchange, no merge), forward or forward +
+    backward."""
     seqlen = q.shape[1] * world
     scale = q.shape[-1] ** -0.5
-    outs = []
     for step in range(world):
         for task in ring_tasks("zigzag", seqlen, world, rank, step, True):
             qb, kb, vb, causal, row0, _ = ring._block(task, q, k, v)
             out, lse = ring.KernelBackend.forward(qb, kb, vb, causal, scale)
             if dout is not None:
                 ring.KernelBackend.backward(dout[:, row0:task.q[1]], qb, kb, vb, out, lse, causal, scale, False)
-            outs.append(out)
-    return outs
+
+
+def comm_only(k, v, world, backward):
+    """The ring's transfers alone, in its order: K + V around (world - 1 hops); with the backward, K + V around again
+    and the fp32 dK / dV sums world hops."""
+    comm = ring.RingComm(None)
+    kv = ring._pack(k, v)
+    spare = torch.empty_like(kv)
+    for _ in range(world - 1):
+        kv, spare = ring._wait(comm.exchange(kv, spare)), kv
+    if backward:
+        sums = torch.zeros(2 * k.numel(), dtype=torch.float32, device=k.device)
+        for step in range(world):
+            pending = comm.exchange(kv, spare, tag=0) if step + 1 < world else None
+            sums = ring._wait(comm.exchange(sums, tag=1))
+            if pending is not None:
+                kv, spare = ring._wait(pending), kv
+
+
+def merge_only(q, k, world, rank, backward, blocks):
+    """The forward's merges (and with the backward, its fp32 accumulations of dq, dk, dv and the sums) on stand-in
+    block results of the ring's shapes: `blocks` caches them per row count."""
+    seqlen = q.shape[1] * world
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
+    first = True
+    tasks = [(step, task) for step in range(world) for task in ring_tasks("zigzag", seqlen, world, rank, step, True)]
+    for _, task in tasks:
+        rows = task.q[1] - task.q[0]
+        if rows not in blocks:
+            blocks[rows] = (torch.randn(q.shape[0], rows, q.shape[2], q.shape[3], device=q.device, dtype=q.dtype),
+                            torch.randn(q.shape[0], q.shape[2], rows, device=q.device))
+        bout, blse = blocks[rows]
+        if first and rows == q.shape[1]:
+            out.copy_(bout)
+            lse.copy_(blse)
+        else:
+            merge_partial(out[:, task.q[0]:task.q[1]], lse[:, :, task.q[0]:task.q[1]], bout, blse)
+        first = False
+    if backward:
+        dq = torch.zeros_like(out)
+        for step in range(world):
+            dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+            dv = torch.zeros_like(dk)
+            for s, task in tasks:
+                if s != step:
+                    continue
+                bout, _ = blocks[task.q[1] - task.q[0]]
+                dq[:, task.q[0]:task.q[1]] += bout
+                keys = task.k[1] - task.k[0]
+                if ("k", keys) not in blocks:
+                    blocks["k", keys] = torch.randn(k.shape[0], keys, *k.shape[2:], device=k.device, dtype=k.dtype)
+                dk[:, task.k[0]:task.k[1]] += blocks["k", keys]
+                dv[:, task.k[0]:task.k[1]] += blocks["k", keys]
+            if step:
+                dk += dv
+                dv += dk
+
+
+def single_gpu(seqlen, world, backward):
+    """One GPU's causal call at S / sqrt(N) tokens (rounded to 256), and the factor that rescales its time to exactly
+    S^2 / (2 N) (query, key) pairs."""
+    exact = seqlen / math.sqrt(world)
+    tokens = max(256, int(round(exact / 256)) * 256)
+    q = torch.randn(1, tokens, HEADS, HEAD_DIM, device="cuda", dtype=DTYPE, requires_grad=backward)
+    k, v = (torch.randn(1, tokens, HEADS_K, HEAD_DIM, device="cuda", dtype=DTYPE, requires_grad=backward)
+            for _ in range(2))
+    dout = torch.randn_like(q) if backward else None
+
+    def run():
+        if backward:
+            out = flash_attn2.flash_attn_func(q, k, v, causal=True)
+            torch.autograd.grad(out, (q, k, v), dout)
+        else:
+            with torch.no_grad():
+                flash_attn2.flash_attn_func(q, k, v, causal=True)
+    return run, (exact / tokens) ** 2
+
+
+def peer_zigzag():
+    """ring-flash-attn's zigzag_ring_flash_attn_func on flash_attn2's kernels (the test-only shim), or None."""
+    shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_shim")
+    if shim not in sys.path:
+        sys.path.insert(0, shim)
+    try:
+        from ring_flash_attn import zigzag_ring_flash_attn_func
+    except ImportError as e:
+        print(f"--peer: ring_flash_attn is not importable ({e}); pip install .whl/ring_flash_attn-0.1.8-*.whl",
+              file=sys.stderr)
+        return None
+    return zigzag_ring_flash_attn_func
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seqlens", nargs="+", type=int, default=[32768, 131072, 524288, 1048576])
+    p.add_argument("--passes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--peer", action="store_true", help="also time ring-flash-attn 0.1.8 through benchmarks/peer_shim")
+    p.add_argument("--no-single", action="store_true", help="skip the one-GPU reference call")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    peer = peer_zigzag() if args.peer else None
     rows = []
     for seqlen in args.seqlens:
         local = seqlen // world
-        q = torch.randn(1, local, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        k, v = (torch.randn(1, local, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        torch.manual_seed(rank)
+        q = torch.randn(1, local, HEADS, HEAD_DIM, device="cuda", dtype=DTYPE, requires_grad=True)
+        k, v = (torch.randn(1, local, HEADS_K, HEAD_DIM, device="cuda", dtype=DTYPE, requires_grad=True)
+                for _ in range(2))
         dout = torch.randn_like(q)
-        for pass_ in ("fwd", "fwd_bwd"):
-            if pass_ == "fwd":
-                def run():
-                    with torch.no_grad():
-                        ring.zigzag_ring_flash_attn_func(q, k, v, causal=True)
+        blocks = {}
+        for pass_ in args.passes:
+            backward = pass_ == "fwd_bwd"
 
-                def alone():
-                    with torch.no_grad():
-                        compute_only(q, k, v, world, rank)
-            else:
+            def ring_call(fn):
                 def run():
-                    out = ring.zigzag_ring_flash_attn_func(q, k, v, causal=True)
-                    torch.autograd.grad(out, (q, k, v), dout)
+                    if backward:
+                        out = fn(q, k, v, causal=True)
+                        torch.autograd.grad(out, (q, k, v), dout)
+                    else:
+                        with torch.no_grad():
+                            fn(q, k, v, causal=True)
+                return run
 
-                def alone():
-                    with torch.no_grad():
-                        compute_only(q, k, v, world, rank, dout)
-            t_ring, t_alone = time_ms(run), time_ms(alone)
-            both = torch.tensor([t_ring, t_alone], device="cuda")
+            def alone():
+                with torch.no_grad():
+                    compute_only(q, k, v, world, rank, dout if backward else None)
+
+            times = {"ring_ms": time_ms(ring_call(ring.zigzag_ring_flash_attn_func), args.reps),
+                     "compute_ms": time_ms(alone, args.reps),
+                     "comm_ms": time_ms(lambda: comm_only(k.detach(), v.detach(), world, backward), args.reps),
+                     "merge_ms": time_ms(lambda: merge_only(q.detach(), k.detach(), world, rank, backward, blocks),
+                                         args.reps)}
+            if peer is not None:
+                times["peer_ms"] = time_ms(ring_call(peer), args.reps)
+            if not args.no_single:
+                run, factor = single_gpu(seqlen, world, backward)
+                times["single_ms"] = time_ms(run, args.reps) * factor
+                del run
+            names = list(times)
+            both = torch.tensor([times[n] for n in names], device="cuda")
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
-            t_ring, t_alone = both.tolist()
-            row = dict(gpu=torch.cuda.get_device_name(), world=world, seqlen=seqlen, pass_=pass_, ring_ms=round(t_ring, 3),
-                       compute_ms=round(t_alone, 3), efficiency=round(t_alone / t_ring, 3))
+            times = dict(zip(names, both.tolist()))
+            row = dict(gpu=torch.cuda.get_device_name(), world=world, seqlen=seqlen, pass_=pass_,
+                       **{n: round(t, 3) for n, t in times.items()},
+                       efficiency=round(times["compute_ms"] / times["ring_ms"], 3))
+            if "single_ms" in times:
+                row["efficiency_1gpu"] = round(times["single_ms"] / times["ring_ms"], 3)
+            if "peer_ms" in times:
+                row["speedup_vs_peer"] = round(times["peer_ms"] / times["ring_ms"], 3)
             rows.append(row)
             if rank == 0:
                 print(row, flush=True)
-        del q, k, v, dout
+            torch.cuda.empty_cache()
+        del q, k, v, dout, blocks
         torch.cuda.empty_cache()
     if rank == 0 and args.out:
+        fields = list(dict.fromkeys(key for row in rows for key in row))
         with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
     dist.destroy_process_group()

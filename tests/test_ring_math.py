@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from flash_attn2.distributed._schedule import Task
 from flash_attn2.distributed import CAUSAL, CAUSAL_STRICT, FULL, coverage, merge_partial, ring_tasks, shard_indices
 from flash_attn2.testing import attention_bwd_ref, attention_ref
 
@@ -137,6 +138,32 @@ def test_merge_edge_cases():
     assert torch.equal(out[0, 1, 0], torch.tensor([3.0, 4.0])) and lse[0, 0, 1] == 1.0
     assert torch.allclose(out[0, 2, 0], torch.tensor([5.0, 6.0])) and torch.isfinite(out).all()
     assert torch.allclose(lse[0, 0, 2], torch.tensor(80.0))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_own_keys_are_one_causal_call(layout, world):
+    """A rank's diagonal step is a single causal kernel call over its whole shard (no split blocks, no merge)."""
+    seqlen = 8 * world
+    for rank in range(world):
+        assert ring_tasks(layout, seqlen, world, rank, 0, True) == [Task((0, 8), (0, 8), CAUSAL)]
+
+
+def test_merge_in_place_on_views_and_low_precision_blocks():
+    """merge_partial writes through strided views (the ring merges into row slices of its fp32 out) and takes the
+    block in the kernels' dtype; the result equals the merge of fp32 copies."""
+    torch.manual_seed(0)
+    out = torch.randn(2, 10, 3, 8)
+    lse = torch.randn(2, 3, 10)
+    lse[0, 1, 4] = -math.inf
+    bout = torch.randn(2, 6, 3, 8).to(torch.bfloat16)
+    blse = torch.randn(2, 3, 6)
+    blse[1, 2, 0] = -math.inf
+    o_ref, l_ref = out[:, 4:].clone(), lse[:, :, 4:].clone()
+    merge_partial(o_ref, l_ref, bout.float(), blse)
+    merge_partial(out[:, 4:], lse[:, :, 4:], bout, blse)
+    torch.testing.assert_close(out[:, 4:], o_ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(lse[:, :, 4:], l_ref, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("layout,seqlen,world,match", [

@@ -6,13 +6,17 @@ import torch
 
 
 def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_lse: torch.Tensor) -> None:
-    """out, lse <- the attention over both key sets, in place: out (batch, seqlen, heads, d) fp32 (or fp64), lse
-    (batch, heads, seqlen) of the same dtype; block_out / block_lse one more partial result (any float dtype).
-    lse' = logaddexp(lse, block_lse) (-inf with -inf gives -inf, not NaN); out' = out e^(lse - lse') +
-    block_out e^(block_lse - lse'), with lse' taken as 0 where it is -inf (both weights then 0)."""
-    new = torch.logaddexp(lse, block_lse.to(lse.dtype))
-    shift = torch.where(torch.isinf(new) & (new < 0), torch.zeros_like(new), new)
-    a = torch.exp(lse - shift).transpose(1, 2).unsqueeze(-1)        # (batch, seqlen, heads, 1)
-    b = torch.exp(block_lse.to(lse.dtype) - shift).transpose(1, 2).unsqueeze(-1)
-    out.mul_(a).add_(block_out.to(out.dtype) * b)
+    """out, lse <- the attention over both key sets, in place (views are fine): out (batch, seqlen, heads, d) fp32 (or
+    fp64), lse (batch, heads, seqlen) of the same dtype; block_out / block_lse one more partial result (any float
+    dtype). lse' = logaddexp(lse, block_lse) (-inf with -inf gives -inf, not NaN); out' = out e^(lse - lse') +
+    block_out e^(block_lse - lse'), with lse' taken as 0 where it is -inf (both weights then 0).
+
+    Two passes over out (a scale, then a fused multiply-add of the block in its own dtype): the per-row weights are
+    computed on the small lse tensors, never on out-sized temporaries."""
+    block_lse = block_lse.to(lse.dtype)
+    new = torch.logaddexp(lse, block_lse)
+    shift = new.masked_fill(new == float("-inf"), 0.0)
+    a = (lse - shift).exp_().transpose(1, 2).unsqueeze(-1)        # (batch, seqlen, heads, 1)
+    b = (block_lse - shift).exp_().transpose(1, 2).unsqueeze(-1)
+    out.mul_(a).addcmul_(block_out, b)
     lse.copy_(new)

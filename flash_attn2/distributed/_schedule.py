@@ -66,6 +66,10 @@ def ring_tasks(layout: str, seqlen: int, world: int, rank: int, step: int, causa
     local = seqlen // world
     if not causal:
         return [Task((0, local), (0, local), FULL)]
+    if src == rank:
+        # The rank's own keys: every layout keeps a rank's tokens in increasing position, so its whole diagonal block
+        # is one causal call (zigzag's two chunks too: the second sees all of the first), with no merge.
+        return [Task((0, local), (0, local), CAUSAL)]
     if layout == "stripe":
         return [Task((0, local), (0, local), CAUSAL if src <= rank else CAUSAL_STRICT)]
     size = seqlen // len(_chunks(layout, rank, world)) // world  # tokens per chunk

@@ -8,8 +8,8 @@ sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32
 GQA rotates the kv heads only.
 
 The ring is the custom ops flash_attn2::ring_fwd / ring_bwd (fakes, autograd; the group by name), so
-torch.compile(fullgraph=True) traces through it. Not yet: windows, dropout, ALiBi, softcap on the ring (each raises
-NotImplementedError naming it), overlap of the backward's exchange.
+torch.compile(fullgraph=True) traces through it. Not supported on the ring: windows, dropout, ALiBi, softcap (each
+raises NotImplementedError naming it; windows run on the all-gather form, llama3.py).
 """
 
 from __future__ import annotations
@@ -149,6 +149,7 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     seqlen = q.shape[1] * comm.world
     out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
+    first = True  # no block merged yet: out is 0 and lse -inf everywhere
     kv = _pack(k, v)
     spare = torch.empty_like(kv) if comm.world > 1 else None  # two buffers, alternating: one sent, one received
     for step in range(comm.world):
@@ -158,9 +159,12 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
             qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
             bout, blse = backend.forward(qb, kb, vb, block_causal, scale)
             rows = slice(row0, task.q[1])
-            o, l = out[:, rows].clone(), lse[:, :, rows].clone()
-            merge_partial(o, l, bout, blse)
-            out[:, rows], lse[:, :, rows] = o, l
+            if first and (row0, task.q[1]) == (0, q.shape[1]):  # every row's first block: a copy, not a merge
+                out.copy_(bout)
+                lse.copy_(blse)
+            else:
+                merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
+            first = False
         if pending is not None:
             kv, spare = _wait(pending), kv
     return out, lse
