@@ -1,9 +1,13 @@
 """flash_attn2.distributed's ring on NCCL with flash_attn2's kernels, one process per GPU (2 and 4 GPUs): every layout
-x causal x {MHA, GQA 4:1} x {bf16, fp16}, forward and backward against single-GPU flash_attn2 on the gathered
+x causal x {MHA, GQA 4:1} x {bf16, fp16} x d {64, 128}, forward and backward against single-GPU flash_attn2 on the gathered
 tensors, under the project's rule (the ring's error against a float32 reference at most 2x the single-GPU one, plus
-a small absolute term: the ring merges in fp32 where the kernel keeps one softmax)."""
+a small absolute term: the ring merges in fp32 where the kernel keeps one softmax); packed documents; bitwise
+determinism and torch.compile; ring-flash-attn on our kernels through the benchmark's shim (where installed); and
+PyTorch's own context parallel through the SDPA registry."""
 
+import itertools
 import os
+import sys
 import tempfile
 
 import pytest
@@ -31,12 +35,12 @@ def _worker(rank, world, store_path, results):
         i = 0
         for layout in ("contiguous", "zigzag", "stripe"):
             for causal in (False, True):
-                for heads, heads_k in ((8, 8), (8, 2)):
+                for heads, heads_k, d in itertools.product((8,), (8, 2), (64, 128)):
                     for dtype in (torch.bfloat16, torch.float16):
                         torch.manual_seed(i)
                         seqlen = 2 * world * 256
-                        q = torch.randn(2, seqlen, heads, 128, device="cuda", dtype=dtype)
-                        k, v = (torch.randn(2, seqlen, heads_k, 128, device="cuda", dtype=dtype) for _ in range(2))
+                        q = torch.randn(2, seqlen, heads, d, device="cuda", dtype=dtype)
+                        k, v = (torch.randn(2, seqlen, heads_k, d, device="cuda", dtype=dtype) for _ in range(2))
                         dout = torch.randn_like(q)
                         shard = lambda t, dim=1: ring._layout_shard(layout, t, rank, world, dim)  # noqa: E731
                         ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
@@ -54,7 +58,7 @@ def _worker(rank, world, store_path, results):
                         for ours, one, r, atol in ((out, single, ref, 1e-3),
                                                    *zip(grads, single_grads, ref_grads, (1e-3,) * 3)):
                             ok &= max_error(ours, shard(r)) <= 2 * max_error(one, r) + atol
-                        results[(rank, layout, causal, heads_k, str(dtype))] = ok
+                        results[(rank, layout, causal, heads_k, d, str(dtype))] = ok
                         i += 1
         # Packed documents: the all-gather form (causal, with and without a window) and the zigzag ring.
         from flash_attn2.distributed import llama3, ring_varlen
@@ -83,8 +87,114 @@ def _worker(rank, world, store_path, results):
             ref = attention_ref_varlen(q.float(), k.float(), v.float(), cu, cu, True, window=window)[0]
             results[(rank, form, str(window))] = max_error(out, take(ref)) <= 2 * max_error(single, ref) + 1e-3
             i += 1
+        _determinism_and_compile(rank, world, results)
+        _peer(rank, world, results)
+        _torch_context_parallel(rank, world, results)
     finally:
         dist.destroy_process_group()
+
+
+def _zigzag_inputs(rank, world, seed, heads=8, heads_k=2, d=128, dtype=torch.bfloat16):
+    from flash_attn2.distributed import ring
+    torch.manual_seed(seed)
+    seqlen = 2 * world * 256
+    q = torch.randn(2, seqlen, heads, d, device="cuda", dtype=dtype)
+    k, v = (torch.randn(2, seqlen, heads_k, d, device="cuda", dtype=dtype) for _ in range(2))
+    dout = torch.randn_like(q)
+    return (q, k, v, dout), [ring.zigzag_shard(t, rank, world) for t in (q, k, v, dout)]
+
+
+def _determinism_and_compile(rank, world, results):
+    """deterministic=True is bitwise run to run; torch.compile(fullgraph=True) over the ring gives the eager bits."""
+    from flash_attn2.distributed import ring
+    _, (q, k, v, dout) = _zigzag_inputs(rank, world, 1000)
+
+    def run(fn, deterministic):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*leaves, causal=True, deterministic=deterministic)
+        return (out, *torch.autograd.grad(out, leaves, dout))
+
+    first, second = run(ring.zigzag_ring_flash_attn_func, True), run(ring.zigzag_ring_flash_attn_func, True)
+    results[(rank, "deterministic")] = all(torch.equal(a, b) for a, b in zip(first, second))
+    compiled = torch.compile(ring.zigzag_ring_flash_attn_func, fullgraph=True)
+    results[(rank, "compile")] = all(torch.equal(a, b) for a, b in zip(first, run(compiled, True)))
+
+
+def _peer(rank, world, results):
+    """ring-flash-attn 0.1.8 on flash_attn2's kernels through benchmarks/peer_shim (the benchmark's baseline) gives
+    the same answer as flash_attn2.distributed, under the same rule against the float32 reference; recorded as True
+    when ring_flash_attn is not installed (the benchmark then has no baseline either)."""
+    shim = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "peer_shim")
+    sys.path.insert(0, shim)
+    try:
+        from ring_flash_attn import zigzag_ring_flash_attn_func
+    except ImportError:
+        results[(rank, "peer (ring_flash_attn not installed)")] = True
+        return
+    finally:
+        sys.path.remove(shim)
+    import flash_attn2
+    from flash_attn2.distributed import ring
+    from flash_attn2.testing import attention_ref, max_error
+    (q, k, v, dout), (ql, kl, vl, dl) = _zigzag_inputs(rank, world, 2000)
+    leaves = [t.clone().requires_grad_() for t in (ql, kl, vl)]
+    out = zigzag_ring_flash_attn_func(*leaves, causal=True)
+    grads = torch.autograd.grad(out, leaves, dl)
+    full = [t.clone().requires_grad_() for t in (q, k, v)]
+    single = flash_attn2.flash_attn_func(*full, causal=True)
+    single_grads = torch.autograd.grad(single, full, dout)
+    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*ref_leaves, True)[0]
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.float())
+    ok = True
+    for ours, one, r in ((out, single, ref), *zip(grads, single_grads, ref_grads)):
+        ok &= max_error(ours, ring.zigzag_shard(r, rank, world)) <= 2 * max_error(one, r) + 1e-3
+    results[(rank, "peer")] = ok
+
+
+def _torch_context_parallel(rank, world, results):
+    """PyTorch's own context parallel (torch.distributed.tensor.experimental.context_parallel, its ring over
+    aten._scaled_dot_product_flash_attention) on flash_attn2's kernels through the SDPA registry (issue #50):
+    forward and backward against single-GPU SDPA under the same activation, and the profiler shows our kernels."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._context_parallel._attention import context_parallel_unshard
+    from torch.nn.attention import SDPBackend, _registry, sdpa_kernel
+    import torch.nn.functional as F
+
+    from flash_attn2.integrations import torch_sdpa
+    from flash_attn2.testing import attention_ref, max_error
+    mesh = init_device_mesh("cuda", (world,))
+    torch.manual_seed(3000)
+    seqlen = 2 * world * 128
+    q, k, v = (torch.randn(2, 8, seqlen, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))  # BHSD
+    dout = torch.randn_like(q)
+    _registry.activate_flash_attention_impl(torch_sdpa.NAME)
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            full = [t.clone().requires_grad_() for t in (q, k, v)]
+            single = F.scaled_dot_product_attention(*full, is_causal=True)
+            single_grads = torch.autograd.grad(single, full, dout)
+            cq, ck, cv, cd = (t.clone() for t in (q, k, v, dout))
+            with context_parallel(mesh, buffers=[cq, ck, cv, cd], buffer_seq_dims=[2, 2, 2, 2]):
+                for t in (cq, ck, cv):
+                    t.requires_grad_()
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    out = F.scaled_dot_product_attention(cq, ck, cv, is_causal=True)
+                    grads = torch.autograd.grad(out, (cq, ck, cv), cd)
+                    torch.cuda.synchronize()
+                parts = context_parallel_unshard(mesh, [out.detach(), *grads], [2, 2, 2, 2])
+    finally:
+        _registry.restore_flash_attention_impl()
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*(t.transpose(1, 2) for t in leaves), True)[0].transpose(1, 2)
+    ref_grads = torch.autograd.grad(ref, leaves, dout.float())
+    ok = True
+    for ours, one, r in zip(parts, (single, *single_grads), (ref, *ref_grads)):
+        ok &= max_error(ours, r) <= 2 * max_error(one, r) + 2e-3
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ok &= any("flash_attn2" in n for n in names) and not any("pytorch_flash" in n for n in names)
+    results[(rank, "torch context_parallel")] = ok
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -97,4 +207,4 @@ def test_ring_nccl(world):
         mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), results), nprocs=world, join=True)
         failed = [key for key, ok in results.items() if not ok]
         count = len(results)
-    assert count == world * (3 * 2 * 2 * 2 + 3) and not failed, failed
+    assert count == world * (3 * 2 * 2 * 2 * 2 + 3 + 4) and not failed, failed

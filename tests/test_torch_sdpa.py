@@ -244,3 +244,21 @@ def test_hf_llama_on_sdpa_trains_like_flash_attn2(active):
         results.append((loss.detach(), torch.cat([p.grad.float().flatten() for p in m.parameters()])))
     assert torch.allclose(results[0][0], results[1][0], atol=1e-3)
     assert max_error(results[0][1], results[1][1]) <= 1e-2 * results[1][1].abs().max().item()
+
+
+@pytest.mark.gpu
+def test_profiler_shows_flash_attn2_kernels(active):
+    """Under the activated backend the profiler's CUDA kernels are flash_attn2's, forward and backward; none is
+    PyTorch's own flash kernel (pytorch_flash::)."""
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    q, k, v = _inputs(2, 4, 4, 256, 256, 64)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.sum().backward()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ours = [n for n in names if "flash_attn2" in n]
+    assert len(ours) >= 2, names  # a forward and a backward kernel at least
+    assert not any("pytorch_flash" in n for n in names), names
