@@ -144,11 +144,10 @@ def single_gpu(seqlen, world, backward):
 
 def peer_zigzag():
     """ring-flash-attn's zigzag_ring_flash_attn_func on flash_attn2's kernels (the test-only shim), or None."""
-    shim = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_shim")
-    if shim not in sys.path:
-        sys.path.insert(0, shim)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peer_shim"))
+    from ring_flash_attn_peer import import_ring_flash_attn
     try:
-        from ring_flash_attn import zigzag_ring_flash_attn_func
+        zigzag_ring_flash_attn_func = import_ring_flash_attn().zigzag_ring_flash_attn_func
     except ImportError as e:
         print(f"--peer: ring_flash_attn is not importable ({e}); pip install .whl/ring_flash_attn-0.1.8-*.whl",
               file=sys.stderr)

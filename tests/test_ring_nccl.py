@@ -124,15 +124,14 @@ def _peer(rank, world, results):
     """ring-flash-attn 0.1.8 on flash_attn2's kernels through benchmarks/peer_shim (the benchmark's baseline) gives
     the same answer as flash_attn2.distributed, under the same rule against the float32 reference; recorded as True
     when ring_flash_attn is not installed (the benchmark then has no baseline either)."""
-    shim = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "peer_shim")
-    sys.path.insert(0, shim)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                                    "peer_shim"))
+    from ring_flash_attn_peer import import_ring_flash_attn
     try:
-        from ring_flash_attn import zigzag_ring_flash_attn_func
+        zigzag_ring_flash_attn_func = import_ring_flash_attn().zigzag_ring_flash_attn_func
     except ImportError:
         results[(rank, "peer (ring_flash_attn not installed)")] = True
         return
-    finally:
-        sys.path.remove(shim)
     import flash_attn2
     from flash_attn2.distributed import ring
     from flash_attn2.testing import attention_ref, max_error
