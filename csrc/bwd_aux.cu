@@ -3,7 +3,7 @@
 // counter) and, for varlen, the gradient rows
 // outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets);
 // and after the main kernels, the conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a
-// backward with head splits.
+// backward with head splits; and the attention sinks' gradient.
 // Memory-bound plain CUDA with the head dim a runtime value, so one small file serves every head dim and
 // both dtypes.
 #include <cuda_bf16.h>
@@ -120,6 +120,40 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
       rows.zero_fill(static_cast<T*>(p.dk) + h * p.dk_head_stride, p.dk_row_stride, p.head_dim, nullptr, first, stride);
       rows.zero_fill(static_cast<T*>(p.dv) + h * p.dv_head_stride, p.dv_row_stride, p.head_dim, nullptr, first, stride);
     }
+  }
+}
+
+// dL/dsink_h = -sum_{b, i} exp(sink_h - LSE_{b,h,i}) D_{b,h,i} (common/sink.h), after the main kernel, from the
+// preprocess's D and the forward's LSE (which holds the sink): one block per head over the rows of every
+// sequence (varlen: cu_seqlens_q's clamped ranges, so that rows outside them, whose dout may hold anything, never
+// enter), each thread's strided sum then a fixed tree: the same bits every run. A -inf LSE (a -inf sink and no
+// key) adds nothing.
+__global__ void __launch_bounds__(kThreads) sink_grad_kernel(const __grid_constant__ BwdParams p) {
+  const int h = int(blockIdx.x);
+  const float sink = p.sink[h];
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const float* d = p.softmax_d + int64_t(h) * p.total_q;  // D of head h, (total_q) packed rows
+  float acc = 0.f;
+  if (sink != -INFINITY) {
+    for (int b = 0; b < p.batch; ++b) {
+      const RowRange rows = varlen ? packed_rows(p.cu_seqlens_q, b, p.total_q)
+                                   : RowRange{int64_t(b) * p.seqlen_q, int64_t(b + 1) * p.seqlen_q};
+      // LSE: (heads, total_q) for varlen, indexed by the packed row; (batch, heads, seqlen_q) for fixed length.
+      const float* lse = p.lse + h * p.lse_head_stride + (varlen ? 0 : b * p.lse_batch_stride);
+      for (int64_t r = rows.begin + threadIdx.x; r < rows.end; r += kThreads) {
+        const float l = lse[varlen ? r : r - rows.begin];
+        if (l != -INFINITY) acc += expf(sink - l) * d[r];
+      }
+    }
+  }
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  __shared__ float warp_sums[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    p.dsink[h] = 0.f - total;
   }
 }
 
@@ -248,6 +282,12 @@ cudaError_t launch_bwd_preprocess(const BwdParams& p, int64_t accum_elems, cudaS
                   unsigned(varlen ? 1 : std::clamp(p.batch, 1, 65535)));
   auto kernel = p.dtype == DType::kFloat16 ? &preprocess_kernel<__half> : &preprocess_kernel<__nv_bfloat16>;
   kernel<<<grid, kThreads, 0, stream>>>(p, accum_elems / 4);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bwd_sink_grad(const BwdParams& p, cudaStream_t stream) {
+  if (p.num_heads > INT_MAX) return cudaErrorInvalidValue;
+  sink_grad_kernel<<<dim3(unsigned(p.num_heads)), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

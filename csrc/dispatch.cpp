@@ -404,6 +404,7 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     problem = "dout, dq, dk, dv, softmax_d and dq_accum must be set";
   }
   if (problem.empty() && p.num_splits < 0) problem = "num_splits must be >= 0";
+  if (problem.empty() && p.dsink != nullptr && p.sink == nullptr) problem = "dsink needs sink (the forward's sinks)";
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
@@ -427,6 +428,9 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   const int64_t accum_elems = bwd == nullptr ? 0 : dq_accum_elems(p, bucket, bwd == k.bwd_sm90, plan.head_splits);
   if ((err = launch_bwd_preprocess(p, accum_elems, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   if (bwd != nullptr && (err = bwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+  if (p.dsink != nullptr && (err = launch_bwd_sink_grad(p, stream)) != cudaSuccess) {
+    return fail(err, cudaGetErrorString(err));
+  }
   return cudaSuccess;
 }
 

@@ -302,6 +302,31 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
   p.lse = lse.data_ptr<float>();
 }
 
+// Attention sinks (learnable_sink): (nheads,) of a float dtype on q's device, as fp32 for the kernels; the returned
+// tensor keeps that copy alive until the launch is queued.
+Tensor set_sink(flash_attn2::FwdParams& p, const OptTensor& sink, const Tensor& q) {
+  if (!sink.has_value()) return {};
+  TORCH_CHECK(sink->dim() == 1 && sink->size(0) == q.size(-2),
+              "flash_attn2: learnable_sink must be (nheads,) = (", q.size(-2), ",), got ", tuple_str(sink->sizes()));
+  TORCH_CHECK(at::isFloatingType(sink->scalar_type()), "flash_attn2: learnable_sink must be a float tensor, got ",
+              dtype_str(sink->scalar_type()));
+  TORCH_CHECK(sink->device() == q.device(), "flash_attn2: learnable_sink must be on q's device ", device_str(q.device()),
+              ", got ", device_str(sink->device()));
+  Tensor sink32 = sink->to(at::kFloat).contiguous();
+  p.sink = sink32.data_ptr<float>();
+  return sink32;
+}
+
+// lse of rows that see no key: the sink of their head, or -inf.
+void fill_empty_lse(Tensor& lse, const OptTensor& sink, bool varlen) {
+  if (!sink.has_value()) {
+    lse.fill_(-std::numeric_limits<float>::infinity());
+    return;
+  }
+  const Tensor per_head = sink->to(at::kFloat);
+  lse.copy_(varlen ? per_head.view({-1, 1}).expand_as(lse) : per_head.view({1, -1, 1}).expand_as(lse));
+}
+
 void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
   // Not compiled: the head dim or dtype, or the path FLASH_ATTN2_BACKEND insists on; the library says which.
   if (err == cudaErrorNotSupported) {
@@ -371,16 +396,18 @@ void run_fwd_with_splits(flash_attn2::FwdParams& p, const Tensor& q) {
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap,
-             const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state, bool new_seed) {
+             const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state, bool new_seed,
+             const OptTensor& sink) {
   if (q.numel() == 0) return;
   if (k.numel() == 0) {  // no keys at all: every row sees nothing
     out.zero_();
-    lse.fill_(-std::numeric_limits<float>::infinity());
+    fill_empty_lse(lse, sink, cu_seqlens_q.has_value());
     return;
   }
   flash_attn2::FwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
+  const Tensor sink32 = set_sink(p, sink, q);
   const c10::cuda::CUDAGuard guard(q.device());
   set_dropout(p, dropout_p, rng_state, new_seed, q);
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
@@ -401,14 +428,20 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
              Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
              int64_t window_right, double softcap, const OptTensor& alibi_slopes, bool deterministic,
-             double dropout_p, const OptTensor& rng_state) {
-  if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows
+             double dropout_p, const OptTensor& rng_state, const OptTensor& sink, const OptTensor& dsink) {
+  TORCH_CHECK(!dsink.has_value() || (sink.has_value() && dsink->scalar_type() == at::kFloat && dsink->is_contiguous() &&
+                                     dsink->numel() == q.size(-2) && dsink->device() == q.device()),
+              "flash_attn2: dsink must be a contiguous fp32 (nheads,) tensor on q's device, with learnable_sink");
+  if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows (out is 0: D and dsink are too)
     dq.zero_(), dk.zero_(), dv.zero_();
+    if (dsink.has_value()) const_cast<Tensor&>(*dsink).zero_();
     return;
   }
   flash_attn2::BwdParams p{};
   set_fwd_params(p, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                  window_left, window_right, softcap, alibi_slopes);
+  const Tensor sink32 = set_sink(p, sink, q);
+  if (dsink.has_value()) p.dsink = dsink->data_ptr<float>();
   set_dropout(p, dropout_p, rng_state, /*new_seed=*/false, q);
   const bool varlen = cu_seqlens_q.has_value();
   const int64_t dim = varlen ? 3 : 4;
@@ -455,7 +488,7 @@ std::tuple<Tensor, Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const T
                                        int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                                        int64_t window_left, int64_t window_right, double softcap,
                                        const OptTensor& alibi_slopes, bool /*deterministic: the backward's*/,
-                                       double dropout_p) {
+                                       double dropout_p, const OptTensor& learnable_sink) {
   check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
   check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
   const Tensor qr = kernel_ready(q);
@@ -466,23 +499,28 @@ std::tuple<Tensor, Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const T
   Tensor rng_state = at::empty({dropout_p > 0.0 ? 2 : 0}, q.options().dtype(at::kLong));
   fwd_out(qr, kernel_ready(k), kernel_ready(v), out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
           softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
-          /*new_seed=*/true);
+          /*new_seed=*/true, learnable_sink);
   return {unpadded(out, q.size(-1)), lse, rng_state};
 }
 
-std::tuple<Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                       const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
-                                       const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                       double softmax_scale, bool causal, int64_t window_left,
-                                       int64_t window_right, double softcap, const OptTensor& alibi_slopes,
-                                       bool deterministic, double dropout_p, const OptTensor& rng_state) {
+// dsink: (nheads,) in learnable_sink's dtype with one, else empty fp32.
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
+                                               const OptTensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                               int64_t max_seqlen_k, double softmax_scale, bool causal,
+                                               int64_t window_left, int64_t window_right, double softcap,
+                                               const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
+                                               const OptTensor& rng_state, const OptTensor& learnable_sink) {
   const Tensor qr = kernel_ready(q), kr = kernel_ready(k);
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
+  OptTensor dsink;
+  if (learnable_sink.has_value()) dsink = at::empty({q.size(-2)}, q.options().dtype(at::kFloat));
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-          deterministic, dropout_p, rng_state);
+          deterministic, dropout_p, rng_state, learnable_sink, dsink);
   const int64_t head_dim = q.size(-1);
-  return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim)};
+  return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim),
+          dsink.has_value() ? dsink->to(learnable_sink->scalar_type()) : at::empty({0}, q.options().dtype(at::kFloat))};
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -503,7 +541,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
                                        const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
                                        int64_t max_seqlen_q, double softmax_scale, bool causal,
                                        int64_t window_left, int64_t window_right, double softcap,
-                                       bool rotary_interleaved, const OptTensor& alibi_slopes, int64_t num_splits) {
+                                       bool rotary_interleaved, const OptTensor& alibi_slopes, int64_t num_splits,
+                                       const OptTensor& learnable_sink) {
   // Varlen q (cu_seqlens_q: vLLM's and SGLang's calls) against a paged cache: q (total_q, nheads, headdim) runs as a
   // batch of one row of sequences (below), its per-sequence key counts from cache_seqlens (seqused_k) or cu_seqlens_k.
   const bool varlen = cu_seqlens_q.has_value();
@@ -607,11 +646,12 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
                       : at::empty({batch, q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   if (q.numel() > 0 && kc.size(1) == 0) {  // a cache with no rows: every query sees nothing
     out.zero_();
-    lse.fill_(-std::numeric_limits<float>::infinity());
+    fill_empty_lse(lse, learnable_sink, /*varlen=*/false);  // varlen's lse is (1, nheads, total_q) here
   } else if (q.numel() > 0) {
     flash_attn2::FwdParams p{};
     set_fwd_params(p, qr, kc, vc, out, lse, std::nullopt, std::nullopt, 0, 0, softmax_scale, causal, window_left,
                    window_right, softcap, alibi_slopes, /*kv_batch_free=*/true);
+    const Tensor sink32 = set_sink(p, learnable_sink, q);
     if (cache_seqlens.has_value()) p.seqused_k = cache_seqlens->data_ptr<int>();
     p.seqused_k_add = int(seqlen_new);
     if (cache_leftpad.has_value()) p.leftpad_k = cache_leftpad->data_ptr<int>();
@@ -653,23 +693,23 @@ const auto& fwd_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::fwd", "").typed<
       std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const OptTensor&,
                                          const OptTensor&, c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t,
-                                         double, const OptTensor&, bool, double)>();
+                                         double, const OptTensor&, bool, double, const OptTensor&)>();
   return op;
 }
 
 const auto& bwd_op() {
   static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("flash_attn2::bwd", "").typed<
-      std::tuple<Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                         const Tensor&, const OptTensor&, const OptTensor&, c10::SymInt, c10::SymInt,
-                                         double, bool, int64_t, int64_t, double, const OptTensor&, bool, double,
-                                         const OptTensor&)>();
+      std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                                 const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
+                                                 c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t, double,
+                                                 const OptTensor&, bool, double, const OptTensor&, const OptTensor&)>();
   return op;
 }
 
 // The backward node of one forward call, built as PyTorch's generated autograd code builds its own: a
 // torch::autograd::Function costs more host time per call (its context map of saved values, output wrapping).
 struct FlashAttnBackward : public torch::autograd::Node {
-  torch::autograd::SavedVariable q, k, v, out, lse;
+  torch::autograd::SavedVariable q, k, v, out, lse, sink;  // sink: learnable_sink, or undefined
   OptTensor cu_seqlens_q, cu_seqlens_k, alibi_slopes;  // never differentiated
   c10::SymInt max_seqlen_q, max_seqlen_k;
   double softmax_scale = 0;
@@ -681,19 +721,24 @@ struct FlashAttnBackward : public torch::autograd::Node {
   std::string name() const override { return "FlashAttnBackward"; }
 
   variable_list apply(variable_list&& grads) override {
-    variable_list result(3);  // one per next edge: q, k, v
+    variable_list result(num_outputs_for_inputs);  // one per next edge: q, k, v (and learnable_sink)
     if (!grads[0].defined()) return result;  // out took no part in the loss
     const bool det = deterministic || at::globalContext().deterministicAlgorithms();
-    auto [dq, dk, dv] = bwd_op().call(grads[0], q.unpack(), k.unpack(), v.unpack(), out.unpack(shared_from_this()),
-                                      lse.unpack(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                      softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, det,
-                                      dropout_p, rng_state);
+    const Tensor s = sink.unpack();
+    auto [dq, dk, dv, dsink] = bwd_op().call(grads[0], q.unpack(), k.unpack(), v.unpack(),
+                                             out.unpack(shared_from_this()), lse.unpack(), cu_seqlens_q, cu_seqlens_k,
+                                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                             window_right, softcap, alibi_slopes, det, dropout_p, rng_state,
+                                             s.defined() ? OptTensor(s) : OptTensor());
     result[0] = std::move(dq), result[1] = std::move(dk), result[2] = std::move(dv);
+    if (num_outputs_for_inputs == 4) result[3] = std::move(dsink);
     return result;
   }
 
+  size_t num_outputs_for_inputs = 3;
+
   void release_variables() override {
-    for (auto* saved : {&q, &k, &v, &out, &lse}) saved->reset_data();
+    for (auto* saved : {&q, &k, &v, &out, &lse, &sink}) saved->reset_data();
   }
 };
 
@@ -702,19 +747,27 @@ std::tuple<Tensor, Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k
                                                 c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
                                                 double softmax_scale, bool causal, int64_t window_left,
                                                 int64_t window_right, double softcap, const OptTensor& alibi_slopes,
-                                                bool deterministic, double dropout_p) {
-  const bool needs_grad =
-      torch::autograd::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+                                                bool deterministic, double dropout_p,
+                                                const OptTensor& learnable_sink) {
+  const bool sink_grad = learnable_sink.has_value() && learnable_sink->requires_grad();
+  const bool needs_grad = torch::autograd::GradMode::is_enabled() &&
+                          (q.requires_grad() || k.requires_grad() || v.requires_grad() || sink_grad);
   Tensor out, lse, rng_state;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::tie(out, lse, rng_state) =
         fwd_op().call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                      window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p);
+                      window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p, learnable_sink);
   }
   if (!needs_grad) return {out, lse, rng_state};  // inference: no node to build
   auto node = std::shared_ptr<FlashAttnBackward>(new FlashAttnBackward(), torch::autograd::deleteNode);
-  node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+  if (learnable_sink.has_value()) {
+    node->set_next_edges(torch::autograd::collect_next_edges(q, k, v, *learnable_sink));
+    node->num_outputs_for_inputs = 4;
+    node->sink = torch::autograd::SavedVariable(*learnable_sink, false);
+  } else {
+    node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+  }
   torch::autograd::set_history(out, node);  // lse stays non-differentiable
   node->q = torch::autograd::SavedVariable(q, false);
   node->k = torch::autograd::SavedVariable(k, false);
@@ -739,29 +792,29 @@ std::tuple<Tensor, Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k
 
 // The backward op is not differentiable. Under create_graph=True its results carry a node that raises
 // when differentiated, instead of silently acting as constants (what torch's @once_differentiable does).
-std::tuple<Tensor, Tensor, Tensor> bwd_autograd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                                                const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
-                                                const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q,
-                                                c10::SymInt max_seqlen_k, double softmax_scale, bool causal,
-                                                int64_t window_left, int64_t window_right, double softcap,
-                                                const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
-                                                const OptTensor& rng_state) {
-  Tensor dq, dk, dv;
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_autograd(
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+    const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
+    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+    const OptTensor& alibi_slopes, bool deterministic, double dropout_p, const OptTensor& rng_state,
+    const OptTensor& learnable_sink) {
+  Tensor dq, dk, dv, dsink;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    std::tie(dq, dk, dv) = bwd_op().call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
-                                         std::move(max_seqlen_k), softmax_scale, causal, window_left, window_right,
-                                         softcap, alibi_slopes, deterministic, dropout_p, rng_state);
+    std::tie(dq, dk, dv, dsink) =
+        bwd_op().call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
+                      std::move(max_seqlen_k), softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                      deterministic, dropout_p, rng_state, learnable_sink);
   }
   const bool differentiable = dout.requires_grad() || q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                              out.requires_grad();
-  if (!torch::autograd::GradMode::is_enabled() || !differentiable) return {dq, dk, dv};
+                              out.requires_grad() || (learnable_sink.has_value() && learnable_sink->requires_grad());
+  if (!torch::autograd::GradMode::is_enabled() || !differentiable) return {dq, dk, dv, dsink};
   auto error = std::make_shared<torch::autograd::DelayedError>(
       "flash_attn2: double backward (differentiating through flash_attn2's gradients, e.g. with "
-      "create_graph=True) is not supported", 3);
+      "create_graph=True) is not supported", 4);
   variable_list wrapped = error->apply({dq.detach().requires_grad_(), dk.detach().requires_grad_(),
-                                       dv.detach().requires_grad_()});
-  return {wrapped[0], wrapped[1], wrapped[2]};
+                                       dv.detach().requires_grad_(), dsink.detach().requires_grad_()});
+  return {wrapped[0], wrapped[1], wrapped[2], wrapped[3]};
 }
 
 // The key splits a kv-cache forward of these shapes takes on the current device (get_scheduler_metadata): the plan
@@ -794,22 +847,23 @@ TORCH_LIBRARY(flash_attn2, m) {
   // deterministic is the backward's (saved by the autograd formula); max_seqlen_q/k are hints for varlen
   // and ignored for fixed-length calls. fwd draws dropout's seed from torch's CUDA generator and returns it
   // in rng_state (2 int64: seed, offset; empty without dropout), which bwd takes back:
-  // nondeterministic_seeded, so that a compiler neither merges two calls nor drops one.
+  // nondeterministic_seeded, so that a compiler neither merges two calls nor drops one. learnable_sink: attention
+  // sinks (nheads,) in any float dtype, differentiable; bwd returns dsink in its dtype (empty without).
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
         "SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
-        "Tensor? alibi_slopes, bool deterministic, float dropout_p=0.0) "
+        "Tensor? alibi_slopes, bool deterministic, float dropout_p=0.0, Tensor? learnable_sink=None) "
         "-> (Tensor out, Tensor softmax_lse, Tensor rng_state)",
         {at::Tag::nondeterministic_seeded});
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? cu_seqlens_q, "
         "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
         "int window_left, int window_right, float softcap, Tensor? alibi_slopes, bool deterministic, "
-        "float dropout_p=0.0, Tensor? rng_state=None) "
-        "-> (Tensor dq, Tensor dk, Tensor dv)");
+        "float dropout_p=0.0, Tensor? rng_state=None, Tensor? learnable_sink=None) "
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)");
   // flash_attn_with_kvcache (forward only): writes k / v into k_cache / v_cache at cache_seqlens, then attends.
   m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "
         "Tensor? rotary_sin, Tensor? cache_seqlens, Tensor? cache_batch_idx, Tensor? cache_leftpad, "
         "Tensor? block_table, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, float softmax_scale, bool causal, int window_left, int window_right, float softcap, bool rotary_interleaved, "
-        "Tensor? alibi_slopes, int num_splits) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? alibi_slopes, int num_splits, Tensor? learnable_sink=None) -> (Tensor out, Tensor softmax_lse)");
 }
 
 TORCH_LIBRARY_IMPL(flash_attn2, CUDA, m) {

@@ -11,6 +11,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "common/launch.h"
 #include "common/launchers.h"
+#include "common/sink.h"
 #include "common/split_kv.h"
 
 namespace flash_attn2 {
@@ -29,8 +30,8 @@ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __fl
 
 // One warp per output row (batch entry, head, query row < seqlen_q; varlen: < the sequence's length, the rows
 // past a too-small max_seqlen_q hint being written by the split kernel directly): LSE = log sum_s exp(LSE_s), out = sum_s exp(LSE_s - LSE)
-// O_s, in fp32, four columns per lane at a time. A row whose splits all saw no key gets out 0 and LSE -inf (as an
-// unsplit forward gives).
+// O_s, in fp32, four columns per lane at a time, with the head's sink (if any) in LSE. A row whose splits all saw no
+// key gets out 0 and LSE -inf, or the sink (as an unsplit forward gives).
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_constant__ FwdParams p, int splits) {
   griddep_wait();  // launched after the split kernel (launch_after): its partials
@@ -51,7 +52,9 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
     for (int s = lane; s < splits; s += 32) sum += expf(accum_lse[s * split_stride + row] - m);
   }
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const float lse = sum == 0.f ? -INFINITY : m + logf(sum);
+  float lse = sum == 0.f ? -INFINITY : m + logf(sum);
+  float unused = 1.f;
+  add_sink(lse, unused, sink_logit(p, h));  // once, here: the partials' LSEs leave the sink out
   if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
   T* out = static_cast<T*>(p.out) + seq.o_offset(p, i, h);
   for (int col = lane * 4; col < p.head_dim; col += 128) {  // head_dim is a multiple of 8

@@ -221,7 +221,8 @@ def metadata_splits(scheduler_metadata, num_splits):
 @torch.library.register_fake("flash_attn2::fwd_kvcache")
 def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                       cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                      window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits):
+                      window_left, window_right, softcap, rotary_interleaved, alibi_slopes, num_splits,
+                      learnable_sink=None):
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -264,7 +265,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     sequence b holds cache_seqlens[b] keys; softmax_lse is then (nheads, total_q). Not with k / v, rotary or
     cache_leftpad yet.
 
-    learnable_sink (alias s_aux): attention sinks as in flash_attn_func (forward only here). scheduler_metadata: what
+    learnable_sink (alias s_aux): attention sinks as in flash_attn_func (this call has no backward). scheduler_metadata: what
     get_scheduler_metadata returned (FA3's keyword), its split count taken where num_splits is 0.
 
     Returns out (batch, seqlen_q, nheads, headdim), or (out, softmax_lse (batch, nheads, seqlen_q) fp32) with
@@ -310,8 +311,6 @@ def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         raise ValueError(f"flash_attn2: q, k_cache, v_cache must be CUDA tensors, got device {q.device}")
     out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                 cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, scale, causal, left,
-                                right, softcap, bool(rotary_interleaved), alibi_slopes, operator.index(num_splits))
-    if learnable_sink is not None:  # flash_attn2/_sinks.py, forward only
-        from ._sinks import apply_sink
-        out, lse = apply_sink(out, lse, learnable_sink, cu_seqlens_q is not None)
+                                right, softcap, bool(rotary_interleaved), alibi_slopes, operator.index(num_splits),
+                                learnable_sink)
     return (out, lse) if return_softmax_lse else out

@@ -1,7 +1,8 @@
 """The torch ops behind every public function, and their fake implementations.
 
 csrc/flash_api.cpp defines `flash_attn2::fwd` and `flash_attn2::bwd` with their CUDA kernels and registers
-the autograd formula on `fwd` in C++ (`bwd` raises when differentiated). The fakes below check the
+the autograd formula on `fwd` in C++ (`bwd` raises when differentiated); `learnable_sink` (attention sinks) is
+one more differentiable input of `fwd`, and `bwd` returns its gradient as a fourth output. The fakes below check the
 tensors as the CUDA kernel does and give torch.compile, torch.export and FakeTensor the exact shapes,
 dtypes and strides of the real outputs, in the inputs' head dim: out and softmax_lse contiguous; each
 gradient in its input's strides where that input is dense with its head dim innermost and a multiple of 8
@@ -42,9 +43,12 @@ def _grad_like(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("flash_attn2::fwd")
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-              window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0):
+              window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0, learnable_sink=None):
     check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k)  # at trace time, as the CUDA kernel does in eager mode
     check_alibi_slopes(alibi_slopes, q, cu_seqlens_q)
+    if learnable_sink is not None:
+        from ._sinks import check_sink
+        check_sink(learnable_sink, q.shape[-2], q)
     # rng_state: (seed, offset) with dropout, else empty.
     rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
     return _empty_like(q), q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32), rng_state
@@ -52,5 +56,9 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 
 @torch.library.register_fake("flash_attn2::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0, rng_state=None):
-    return _grad_like(q), _grad_like(k), _grad_like(v)
+              causal, window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0, rng_state=None,
+              learnable_sink=None):
+    # dsink: (nheads,) in learnable_sink's dtype, or empty fp32 without sinks.
+    dsink = (learnable_sink.new_empty(learnable_sink.shape) if learnable_sink is not None
+             else q.new_empty((0,), dtype=torch.float32))
+    return _grad_like(q), _grad_like(k), _grad_like(v), dsink

@@ -142,18 +142,18 @@ def _checking_inputs() -> bool:
 
 def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
                         out=None, softmax_lse=None, window=(-1, -1), softcap=0.0, alibi_slopes=None, dropout_p=0.0,
-                        rng_state=None):
+                        rng_state=None, learnable_sink=None):
     """Checked inputs -> (out, softmax_lse), written into out / softmax_lse when given (head dim a multiple of 8);
     window: (left, right) as the kernels take it (-1 unbounded; causal sets right to 0). dropout_p > 0 draws
     with rng_state's (seed, offset), an int64 CUDA tensor of 2 (flash_attn2/_dropout.py regenerates the mask)."""
     if out is None and dropout_p == 0.0:
         return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window,
-                        softcap, alibi_slopes, False)[:2]
+                        softcap, alibi_slopes, False, 0.0, learnable_sink)[:2]
     if out is None:
         out = torch.empty_like(q)
         softmax_lse = q.new_empty(_ops.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
     _ops.ext.fwd_out(q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     causal, *window, softcap, alibi_slopes, dropout_p, rng_state, False)
+                     causal, *window, softcap, alibi_slopes, dropout_p, rng_state, False, learnable_sink)
     return out, softmax_lse
 
 
@@ -164,12 +164,12 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
     rng_state as the forward's."""
     if dq is None and dropout_p == 0.0:
         return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                        softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)
+                        softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)[:3]
     if dq is None:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, *window, softcap, alibi_slopes, deterministic, dropout_p,
-                     rng_state)
+                     rng_state, None, None)
     return dq, dk, dv
 
 
@@ -204,15 +204,11 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
             _check_cu_seqlens_values(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_seqlen_k, "max_seqlen_k")
         if not q.is_cuda:
             raise ValueError(f"flash_attn2: q, k, v must be CUDA tensors, got device {q.device}")
-    if learnable_sink is not None:  # flash_attn2/_sinks.py: the kernels' out and LSE, rescaled
-        from ._sinks import SinkAttention
-        out, softmax_lse, rng_state = SinkAttention.apply(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k,
-                                                          max_seqlen_q, max_seqlen_k, scale, causal, left, right,
-                                                          softcap, alibi_slopes, bool(deterministic), dropout_p)
-    else:
-        out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                               scale, causal, left, right, softcap, alibi_slopes, bool(deterministic),
-                                               dropout_p)
+    # learnable_sink: the kernels fold it into each row's softmax (csrc/kernels/common/sink.h); its gradient comes
+    # from the backward's D (flash_attn2/_sinks.py has the math).
+    out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                           causal, left, right, softcap, alibi_slopes, bool(deterministic), dropout_p,
+                                           learnable_sink)
     if v_head_dim is not None:
         out = out[..., :v_head_dim].contiguous()
     if not return_attn_probs:

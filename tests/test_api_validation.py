@@ -34,7 +34,7 @@ def test_extension_errors_format_numbers():
     q = torch.randn(2, 16, 64, dtype=BF16)
     with pytest.raises(RuntimeError, match="q must have 4 dimensions, got 3"):
         flash_attn2._ops.ext.fwd_out(q, q, q, q.clone(), torch.empty(2, 16), None, None, 16, 16, 0.125, False, -1, -1,
-                                     0.0, None, 0.0, None, False)
+                                     0.0, None, 0.0, None, False, None)
 
 
 @pytest.mark.parametrize("slopes,error,match", [

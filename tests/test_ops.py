@@ -29,8 +29,17 @@ def test_fake_outputs_match_the_op_contract(head_dim):
         assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32 and lse.is_contiguous()
         assert rng_state.shape == (0,) and rng_state.dtype == torch.int64
         assert _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False, 0.1)[2].shape == (2,)
-        dq, dk, dv = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
+        dq, dk, dv, dsink = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False)
         assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dk.is_contiguous()
+        assert dsink.shape == (0,) and dsink.dtype == torch.float32  # no sinks: empty
+        sink = torch.empty(8, device="cuda", dtype=BF16)
+        out_s, lse_s, _ = _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False, 0.0, sink)
+        assert out_s.shape == q.shape and lse_s.shape == (2, 8, 100)
+        dsink = _ops.bwd(out, q, k, k, out, lse, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False, 0.0, None,
+                         sink)[3]
+        assert dsink.shape == (8,) and dsink.dtype == BF16  # in the sink's dtype
+        with pytest.raises(ValueError, match="learnable_sink must be"):
+            _ops.fwd(q, k, k, None, None, 100, 50, 0.1, True, -1, -1, 0.0, None, False, 0.0, sink[:4])
         # Gradients keep a dense input's strides where its head dim is a multiple of 8 (q, a transposed
         # view); k, a slice of heads, is not dense.
         assert dq.stride() == (q.stride() if head_dim % 8 == 0 else q.contiguous().stride())
@@ -130,6 +139,27 @@ def test_opcheck(case):
     out, lse, _ = _ops.fwd(*args)
     dout = torch.randn_like(out)
     torch.library.opcheck(_ops.bwd, (dout, *(t.detach() for t in (q, k, v, out, lse)), *args[3:]))
+
+
+@gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_opcheck_learnable_sink(varlen):
+    """learnable_sink through fwd (differentiable: opcheck's autograd checks include dsink) and bwd's fourth output."""
+    require_kernel(64, BF16)
+    if varlen:
+        cu_q, cu_k, q, k, v = varlen_inputs([17, 0, 40], [30, 5, 40], 4, 2, 64, BF16)
+        args = (cu_q, cu_k, 40, 40, 0.2, True, -1, -1, 0.0, None, False)
+    else:
+        q = randn(2, 65, 4, 64, dtype=BF16)
+        k, v = (randn(2, 47, 2, 64, dtype=BF16) for _ in range(2))
+        args = (None, None, 65, 47, 0.2, True, -1, -1, 0.0, None, False)
+    sink = torch.randn(4, device="cuda", dtype=torch.float32, requires_grad=True)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(_ops.fwd, (q, k, v, *args, 0.0, sink))
+    out, lse, _ = _ops.fwd(q, k, v, *args, 0.0, sink)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(_ops.bwd, (dout, *(t.detach() for t in (q, k, v, out, lse)), *args, 0.0, None,
+                                     sink.detach()))
 
 
 @gpu

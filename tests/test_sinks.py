@@ -1,6 +1,6 @@
-"""Learnable attention sinks (flash_attn2/_sinks.py): the rescaling of the kernels' out and LSE and the sink's
-gradient against a reference whose softmax has the sink's column (CPU, float64), then flash_attn_func /
-flash_attn_varlen_func / flash_attn_with_kvcache with sinks against the float32 reference under the 2x rule (GPU)."""
+"""Learnable attention sinks (csrc/kernels/common/sink.h, flash_attn2/_sinks.py): the reference against the definition
+(CPU, float64), then flash_attn_func / flash_attn_varlen_func / flash_attn_with_kvcache with sinks against the float32
+reference under the 2x rule, split-KV, -inf sinks, no keys, dsink's determinism (GPU)."""
 
 import math
 
@@ -8,42 +8,38 @@ import pytest
 import torch
 
 import flash_attn2
-from flash_attn2._sinks import apply_sink, sink_grad
 from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error, within_tolerance
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("seqlens", [(5, 9), (9, 5)])  # with causal, sq > sk leaves rows that see no key
-def test_rescaling_and_sink_gradient(causal, seqlens):
+def test_reference_sink_is_a_value_free_column(causal, seqlens):
+    """The GPU tests' reference (testing.attention_ref(sink=)) against the definition: softmax over the scores with one
+    more column of logit sink_h whose value is 0; a row with no key gets out 0 and lse = the sink; the gradient of the
+    sink is -sum exp(sink - lse) rowsum(dout o out), which the kernels compute from the backward's D."""
     torch.manual_seed(0)
     sq, sk = seqlens
     q = torch.randn(2, sq, 4, 8, dtype=torch.float64)
     k, v = torch.randn(2, sk, 2, 8, dtype=torch.float64), torch.randn(2, sk, 2, 8, dtype=torch.float64)
     sink = torch.randn(4, dtype=torch.float64, requires_grad=True)
-    out, lse = attention_ref(q, k, v, causal)  # the kernels' out and LSE, without the sink
-    ours, ours_lse = apply_sink(out, lse, sink.detach(), varlen=False)
     ref, ref_lse = attention_ref(q, k, v, causal, sink=sink)
-    assert torch.allclose(ours, ref, atol=1e-12) and torch.allclose(ours_lse, ref_lse, atol=1e-12)
+    kk, vv = k.repeat_interleave(2, dim=2), v.repeat_interleave(2, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, kk) / math.sqrt(8)
+    if causal:
+        visible = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
+        scores = scores.masked_fill(~visible, -math.inf)
+    scores = torch.cat([scores, sink.view(1, 4, 1, 1).expand(2, 4, sq, 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhqk,bkhd->bqhd", probs[..., :sk], vv)
+    assert torch.allclose(ref, out, atol=1e-12)
+    assert torch.allclose(ref_lse, torch.logsumexp(scores, dim=-1), atol=1e-12)
     if causal and sq > sk:  # rows that see no key: out 0, lse = the sink
-        assert torch.equal(ours[:, 0], torch.zeros_like(ours[:, 0]))
-        assert torch.allclose(ours_lse[:, :, 0], sink.detach().view(1, 4).expand(2, 4))
+        assert torch.equal(ref[:, 0], torch.zeros_like(ref[:, 0]))
+        assert torch.allclose(ref_lse[:, :, 0], sink.detach().view(1, 4).expand(2, 4))
     dout = torch.randn_like(ref)
-    (ref_dsink,) = torch.autograd.grad(ref, sink, dout)
-    assert torch.allclose(sink_grad(dout, ours, ours_lse, sink.detach(), varlen=False), ref_dsink, atol=1e-10)
-
-
-def test_varlen_layout():
-    torch.manual_seed(1)
-    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
-    q, k, v = (torch.randn(10, 2, 8, dtype=torch.float64) for _ in range(3))
-    sink = torch.randn(2, dtype=torch.float64, requires_grad=True)
-    out, lse = attention_ref_varlen(q, k, v, cu, cu, True)
-    ours, ours_lse = apply_sink(out, lse, sink.detach(), varlen=True)
-    ref, ref_lse = attention_ref_varlen(q, k, v, cu, cu, True, sink=sink)
-    assert torch.allclose(ours, ref, atol=1e-12) and torch.allclose(ours_lse, ref_lse, atol=1e-12)
-    dout = torch.randn_like(ref)
-    (ref_dsink,) = torch.autograd.grad(ref, sink, dout)
-    assert torch.allclose(sink_grad(dout, ours, ours_lse, sink.detach(), varlen=True), ref_dsink, atol=1e-10)
+    (dsink,) = torch.autograd.grad(ref, sink, dout)
+    d = (dout * ref).sum(-1).transpose(1, 2)  # (batch, heads, seqlen_q)
+    assert torch.allclose(dsink, -(torch.exp(sink.detach().view(1, 4, 1) - ref_lse) * d).sum((0, 2)), atol=1e-10)
 
 
 def test_argument_checks():
@@ -133,11 +129,63 @@ def test_kvcache_with_sink():
     assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.allclose(lse[0, :, 0], sink)
 
 
-def test_minus_inf_sink_on_a_row_with_no_key():
-    """A -inf sink (no sink) on a row that sees no key: out 0, lse -inf, dsink 0, no NaN."""
-    out = torch.zeros(1, 2, 1, 4)
-    lse = torch.tensor([[[-math.inf, 0.5]]])
-    sink = torch.tensor([-math.inf])
-    o, l = apply_sink(out + 1.0, lse, sink, varlen=False)
-    assert torch.equal(o[0, 0], torch.zeros(1, 4)) and l[0, 0, 0] == -math.inf and torch.isfinite(o).all()
-    assert torch.isfinite(sink_grad(torch.ones_like(o), o, l, sink, varlen=False)).all()
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q", [1, 16])  # packed rows 4 (the narrow tile) and 64 (the 64-row tile)
+@pytest.mark.parametrize("num_splits", [1, 3, 0])
+def test_split_kv_sink_enters_once(seqlen_q, num_splits):
+    """Split-KV: the sink in the combine (num_splits 3, and 0's heuristic), or in the tile that writes out directly
+    (1 split); the same answer as the reference each way, and a cache length 0 gives out 0, lse = the sink."""
+    _require(128, torch.bfloat16)
+    torch.manual_seed(seqlen_q + num_splits)
+    q = torch.randn(3, seqlen_q, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(3, 1000, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lens = (0, 33, 1000)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    sink = torch.randn(8, device="cuda") * 3
+    out, lse = flash_attn2.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, learnable_sink=sink,
+                                                   causal=True, return_softmax_lse=True, num_splits=num_splits)
+    for b, n in enumerate(lens):
+        ref, ref_lse = attention_ref(q[b:b + 1].float(), k_cache[b:b + 1, :n].float(), v_cache[b:b + 1, :n].float(),
+                                     True, sink=sink)
+        assert max_error(out[b:b + 1], ref) <= 2e-2 and max_error(lse[b:b + 1], ref_lse) <= 1e-3, (b, n)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+
+
+@pytest.mark.gpu
+def test_minus_inf_sink_is_no_sink_and_dsink_is_repeatable():
+    """A -inf sink gives the bits of a call without one (out, lse, dq, dk, dv) and dsink 0; and dsink (a fixed-order
+    sum) is bitwise the same run to run."""
+    _require(64, torch.bfloat16)
+    torch.manual_seed(5)
+    q = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn_like(q)
+    plain = flash_attn2.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, deterministic=True)
+    plain_grads = torch.autograd.grad(plain[0], (q, k, v), dout)
+    none = torch.full((4,), -math.inf, device="cuda", requires_grad=True)
+    sunk = flash_attn2.flash_attn_func(q, k, v, causal=True, return_attn_probs=True, learnable_sink=none,
+                                       deterministic=True)
+    sunk_grads = torch.autograd.grad(sunk[0], (q, k, v, none), dout)
+    assert torch.equal(plain[0], sunk[0]) and torch.equal(plain[1], sunk[1])
+    assert all(torch.equal(a, b) for a, b in zip(plain_grads, sunk_grads[:3]))
+    assert torch.equal(sunk_grads[3], torch.zeros(4, device="cuda"))
+    sink = torch.randn(4, device="cuda", requires_grad=True)
+    runs = []
+    for _ in range(2):
+        out = flash_attn2.flash_attn_func(q, k, v, causal=True, learnable_sink=sink, deterministic=True)
+        runs.append(torch.autograd.grad(out, (q, k, v, sink), dout))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.gpu
+def test_sink_with_no_keys_at_all():
+    """k with no rows: out 0, lse = the sink, every gradient 0 (dsink too: D = rowsum(dout o 0))."""
+    _require(64, torch.bfloat16)
+    q = torch.randn(2, 5, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 0, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    sink = torch.randn(4, device="cuda", requires_grad=True)
+    out, lse, _ = flash_attn2.flash_attn_func(q, k, k, learnable_sink=sink, return_attn_probs=True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, sink.detach().view(1, 4, 1).expand(2, 4, 5))
+    grads = torch.autograd.grad(out, (q, sink), torch.randn_like(out))
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)

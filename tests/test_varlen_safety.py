@@ -106,4 +106,4 @@ def test_c_api_rejects_bad_softmax_scale():
     out, lse = torch.empty_like(q), torch.empty(1, 2, 16, device="cuda")
     for scale in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(RuntimeError, match="softmax_scale must be positive and finite"):
-            _ops.ext.fwd_out(q, q, q, out, lse, None, None, 16, 16, scale, False, -1, -1, 0.0, None, 0.0, None, False)
+            _ops.ext.fwd_out(q, q, q, out, lse, None, None, 16, 16, scale, False, -1, -1, 0.0, None, 0.0, None, False, None)

@@ -1,11 +1,12 @@
-"""What softcap, ALiBi and dropout cost against plain attention, per path, beside SDPA's dropout.
+"""What softcap, ALiBi, dropout and attention sinks cost against plain attention, per path, beside SDPA's dropout.
 
     python -m flash_attn2.bench.variants [--hdims 64 128 256] [--seqlens 4096 16384] [--passes fwd bwd]
                                          [--backends flash_attn2 flash_attn2_sm80 sdpa_flash sdpa_cudnn]
 
 bf16, the FA2 grid's shapes (16k tokens per batch, 2048 / hdim heads), causal and not. At each point
 flash_attn2 is timed plain, with softcap=50 (Gemma 2's), with ALiBi (MPT's slopes 2^(-8 (i + 1) / h)), with
-both, and with dropout_p=0.1, in rounds with the order rotated; flash_attn2_sm80 runs forward and backward on
+both, with dropout_p=0.1, and with a learnable sink per head (trained: its gradient too), in rounds with the order
+rotated; flash_attn2_sm80 runs forward and backward on
 the SM80 path (skipped where this build or GPU lacks it); SDPA's flash and cuDNN backends run plain and with
 dropout (skipped where they cannot). Prints each variant's time over plain's on the same path and appends to
 <out_dir>/<gpu>_variants.csv.
@@ -33,8 +34,10 @@ def variant_kwargs(nheads, impl):
     if impl in SDPA_BACKENDS:  # what SDPA has of them
         return {"plain": {}, "dropout": {"dropout_p": DROPOUT}}
     slopes = torch.tensor([2 ** (-8 * (i + 1) / nheads) for i in range(nheads)], device="cuda")
+    sinks = torch.randn(nheads, device="cuda", requires_grad=True)  # gpt-oss's: one trained logit per head
     return {"plain": {}, "softcap": {"softcap": SOFTCAP}, "alibi": {"alibi_slopes": slopes},
-            "softcap_alibi": {"softcap": SOFTCAP, "alibi_slopes": slopes}, "dropout": {"dropout_p": DROPOUT}}
+            "softcap_alibi": {"softcap": SOFTCAP, "alibi_slopes": slopes}, "dropout": {"dropout_p": DROPOUT},
+            "sink": {"learnable_sink": sinks}}
 
 
 def make_run(impl, q, k, v, dout, causal, kwargs, pass_):

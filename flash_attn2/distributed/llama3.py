@@ -50,7 +50,7 @@ class KernelVarlenBackend:
     def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic):
         from .. import _ops
         return _ops.bwd(dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, scale, causal, window[0],
-                        window[1], 0.0, None, deterministic)
+                        window[1], 0.0, None, deterministic)[:3]
 
 
 class ReferenceVarlenBackend:

@@ -36,7 +36,7 @@ class KernelBackend:
     def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
         from .. import _ops
         return _ops.bwd(dout, q, k, v, out.to(q.dtype), lse.contiguous(), None, None, 0, 0, scale, causal, -1, -1, 0.0,
-                        None, deterministic)
+                        None, deterministic)[:3]
 
 
 class ReferenceBackend:

@@ -131,7 +131,7 @@ def _forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, causal, scale, window
                       dtype=torch.float32)
     rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
     _ops.ext.fwd_out(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, alibi_slopes,
-                     dropout_p, rng_state, True)
+                     dropout_p, rng_state, True, None)
     return out, lse, rng_state
 
 
@@ -140,7 +140,7 @@ def _backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, caus
 
     left, right = window
     return _ops.bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, None,
-                    torch.are_deterministic_algorithms_enabled(), dropout_p, rng_state)
+                    torch.are_deterministic_algorithms_enabled(), dropout_p, rng_state)[:3]
 
 
 def _register() -> _Handle:

@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 9
+#define FLASH_ATTN2_PARAMS_VERSION 10
 
 namespace flash_attn2 {
 
@@ -78,6 +78,11 @@ struct FwdParams {
   // the same, its LSE is not).
   const float* alibi_slopes = nullptr;
   int64_t alibi_slopes_batch_stride = 0;
+  // Attention sinks (gpt-oss; flash-attn 4's learnable_sink): fp32 (num_heads,), or nullptr. Head h's logit joins
+  // every row's softmax denominator with no value: Z = sum_j exp(scaled score_j) + exp(sink[h]), lse = log Z, so a
+  // row that sees no key gets out 0 and lse = sink[h] (rows outside every varlen sequence keep lse -inf). -inf is no
+  // sink; +inf or NaN gives NaN rows. Split-KV adds it once, in the combine.
+  const float* sink = nullptr;
   // Attention dropout (flash-attn's dropout_p, in [0, 1)): each probability is kept iff a Philox byte is
   // below round((1 - dropout_p) * 256) (flash-attn's 8-bit resolution) and kept ones are scaled by 256 over
   // that threshold, so the expectation is exact; the LSE stays the undropped one. The bytes are a function
@@ -157,6 +162,9 @@ struct BwdParams : FwdParams {
   // blocks are dealt round-robin to num_splits blocks per head, each with its own dq accumulator, summed in
   // a fixed order; the Hopper backward adds in key-block order instead.
   int num_splits;
+  // With FwdParams::sink (the forward's): fp32 (num_heads,) written with dL/dsink_h = -sum over rows of
+  // exp(sink_h - lse) * rowsum(dout * out), summed in a fixed order (bitwise repeatable). nullptr: not computed.
+  float* dsink = nullptr;
 };
 
 // num_splits for a deterministic backward on a GPU with num_sms multiprocessors.

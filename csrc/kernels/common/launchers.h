@@ -69,5 +69,7 @@ cudaError_t launch_bwd_preprocess(const BwdParams& params, int64_t accum_elems, 
 cudaError_t launch_bwd_convert_dq_sm90(const BwdParams& params, int bucket, bool fragments, cudaStream_t stream);
 // dK = softmax_scale * accumulator and dV = accumulator in the input dtype, after a backward with head splits.
 cudaError_t launch_bwd_convert_dkv(const BwdParams& params, int bucket, cudaStream_t stream);
+// dsink from D and the LSE (BwdParams::dsink; with FwdParams::sink), after the main kernel.
+cudaError_t launch_bwd_sink_grad(const BwdParams& params, cudaStream_t stream);
 
 }  // namespace flash_attn2

@@ -9,6 +9,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/sink.h"
 #include "common/utils.h"
 
 namespace flash_attn2 {
@@ -62,14 +63,16 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf.
-  template <class TensorO>
-  __device__ void finalize(TensorO& O, float (&lse)[kRows]) const {
+  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf. sink(r):
+  // row r's attention sink (common/sink.h), -inf for none; NoSink emits nothing.
+  template <class TensorO, class Sink = NoSink>
+  __device__ void finalize(TensorO& O, float (&lse)[kRows], Sink sink = {}) const {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
-      const float inv = sum == 0.f ? 0.f : __fdividef(1.f, sum);
+      float inv = sum == 0.f ? 0.f : __fdividef(1.f, sum);
       lse[r] = sum == 0.f ? -INFINITY : row_max[r] * scale + logf(sum);
+      add_sink(lse[r], inv, sink(r));
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= inv;
     }

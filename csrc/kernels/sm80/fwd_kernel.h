@@ -155,11 +155,13 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
     for (; n_block >= blocks.n_min; --n_block) step(n_block, MaskNone{});
   }
 
-  // Epilogue: normalize, stage O through shared memory for 16-byte stores, write the LSE.
+  // Epilogue: normalize (with the head's sink, if any), stage O through shared memory for 16-byte stores, write
+  // the LSE.
   float row_lse[decltype(size<0>(tScS))::value];
   {
     Tensor O = rowcol_view(acc_o);
-    softmax.finalize(O, row_lse);
+    const float sink = sink_logit(params, bidh);
+    softmax.finalize(O, row_lse, [sink](int) { return sink; });
   }
   if constexpr (kDropout) {
     CUTE_UNROLL

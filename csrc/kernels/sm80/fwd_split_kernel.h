@@ -278,11 +278,14 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   }
   cp_async_wait<0>();  // no copy may land in shared memory after the block exits
 
-  // Epilogue. A split with no block (past the range's end, or a row that sees no key) writes O = 0, LSE = -inf.
+  // Epilogue. A split with no block (past the range's end, or a row that sees no key) writes O = 0, LSE = -inf. A
+  // sink enters where the tile writes out directly; partials leave it to the combine.
   float row_lse[kRows];
   {
     Tensor O = rowcol_view(acc_o);
-    softmax.finalize(O, row_lse);
+    softmax.finalize(O, row_lse, [&](int r) {
+      return direct ? sink_logit(params, head_of(get<0>(tScS(r, 0)))) : -INFINITY;
+    });
   }
   const bool quad_leader = get<1>(tScS(0, 0)) == 0;  // the quad's first thread owns column 0 of its rows
   if (!direct) {
@@ -547,8 +550,13 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
       }
     }
     o = sum == 0.f ? 0.f : o / sum;
-    const float lse = sum == 0.f ? -INFINITY : m * softmax.scale + logf(sum);
+    float lse = sum == 0.f ? -INFINITY : m * softmax.scale + logf(sum);
     if (col >= params.head_dim) continue;
+    if (!to_accum) {  // the sink, where the tile writes out directly (the combine adds it to partials)
+      float factor = 1.f;
+      add_sink(lse, factor, sink_logit(params, head_of(row)));
+      o *= factor;
+    }
     if (to_accum) {
       const int64_t out_row = split_row(params, split, bidb, head_of(row), query_of(row));
       accum_o[out_row * params.head_dim + col] = o;

@@ -12,6 +12,7 @@
 
 #include "flash_attn2/flash_attn2.h"
 #include "common/seqlen.h"
+#include "common/sink.h"
 #include "common/utils.h"
 #include "sm90/tma.h"
 #include "sm90/wgmma.h"
@@ -58,7 +59,8 @@ struct FwdEpilogueSm90 {
     const bool tma_store = p.cu_seqlens_q == nullptr;
     float row_lse[kRows];
     Tensor O = rowcol_view(acc_o);
-    softmax.finalize(O, row_lse);
+    const float sink = sink_logit(p, bidh);
+    softmax.finalize(O, row_lse, [sink](int) { return sink; });
     if constexpr (kDropout) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout_scale;
@@ -108,7 +110,7 @@ struct FwdEpilogueSm90 {
     }
   }
 
-  // A tile without visible keys: out 0 and LSE -inf, stored directly by all consumer threads (shared memory may
+  // A tile without visible keys: out 0 and LSE -inf (the sink, with one), stored directly by all consumer threads (shared memory may
   // already hold the next tile's Q).
   __device__ static __forceinline__ void store_zero(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
                                     int thread) {
@@ -117,12 +119,13 @@ struct FwdEpilogueSm90 {
     Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
                    bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
     float* lse = lse_rows(p, seq, bidb, bidh, m_block);
+    const float sink = sink_logit(p, bidh);  // a row with no key: lse = the sink (-inf without)
     // Not clear_rows: its runtime row width (a division in the loop) made ptxas lay out the whole plain kernel
     // otherwise, and the d 64 forward ran 1-3% slower (TUNING 114).
     for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
       const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
       if (row < rows_left && col < p.head_dim) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
-      if (row < rows_left && col == 0) lse[row] = -INFINITY;
+      if (row < rows_left && col == 0) lse[row] = sink;
     }
   }
 };
