@@ -1,8 +1,9 @@
 # Points of the FA2 grid (16k tokens, hidden 2048, bf16), timed as the benchmark times them (rounds, order
 # rotated) in one process; CUDNN=1 adds sdpa_cudnn on the same inputs, DROPOUT=p ours with dropout_p=p,
 # ALIBI=1 ours with ALiBi (BLOOM's slopes), SOFTCAP=c with softcap=c, WINDOW=w with window_size=(w - 1, w - 1)
-# (causal: (w - 1, 0)), DETERMINISTIC=1 our deterministic backward, SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a
-# build without the SM80 forward can still run it); PASS=bwd or fwd_bwd times that pass.
+# (causal: (w - 1, 0)), DETERMINISTIC=1 our deterministic backward, SINK=1 a learnable sink per head (its gradient
+# too), SM80_BWD=1 the SM80 backward of a default forward (PASS=bwd; a build without the SM80 forward can still run
+# it); PASS=bwd or fwd_bwd times that pass.
 # A case may name its own pass and a GQA shape (heads, kv heads, batch) instead of the grid's:
 #   python benchmarks/dev/time_fwd.py HEAD_DIM,CAUSAL(0/1),SEQLEN[,PASS[,H,H_KV,BATCH]] [...]
 import os
@@ -32,7 +33,8 @@ for case in sys.argv[1:]:
                                                                             device="cuda"))),
                 ("SOFTCAP", "softcap", lambda x: dict(softcap=float(x))),
                 ("WINDOW", "window", lambda x: dict(window_size=(int(x) - 1, 0 if causal else int(x) - 1))),
-                ("DETERMINISTIC", "deterministic", lambda x: dict(deterministic=True)))
+                ("DETERMINISTIC", "deterministic", lambda x: dict(deterministic=True)),
+                ("SINK", "sink", lambda x: dict(learnable_sink=torch.randn(h, device="cuda", requires_grad=True))))
     for var, name, kwargs in variants:
         if os.environ.get(var):
             kw = kwargs(os.environ[var])
