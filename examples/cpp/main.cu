@@ -304,6 +304,62 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   }
 
   if (!refusals) return ok;
+  // Attention sinks (FwdParams::sink, BwdParams::dsink): out and lse against the reference with the sink folded in
+  // (lse' = logaddexp(lse, sink), out' = out exp(lse - lse')), dsink against -sum exp(sink - lse') rowsum(dout o out').
+  {
+    std::vector<float> sink(c.heads);
+    for (int h = 0; h < c.heads; ++h) sink[h] = 0.75f * float(h) - 1.f;
+    DeviceBuffer sink_dev(c.heads * sizeof(float)), dsink_dev(c.heads * sizeof(float));
+    CUDA_CHECK(cudaMemcpy(sink_dev.ptr, sink.data(), c.heads * sizeof(float), cudaMemcpyHostToDevice));
+    const std::vector<double> dout_d = to_double(dout, t);
+    std::vector<double> out_s(ref.out.size()), lse_s(ref.lse.size()), dsink_ref(c.heads, 0.0);
+    for (int b = 0; b < c.batch; ++b) {
+      for (int h = 0; h < c.heads; ++h) {
+        for (int i = 0; i < c.seqlen_q; ++i) {
+          const size_t row = (size_t(b) * c.heads + h) * c.seqlen_q + i;
+          const double l = ref.lse[row], s = sink[h], hi = std::max(l, s);
+          const double merged = hi + std::log(std::exp(l - hi) + std::exp(s - hi));
+          lse_s[row] = merged;
+          double d = 0;
+          for (int x = 0; x < c.head_dim; ++x) {
+            const size_t at = ((size_t(b) * c.seqlen_q + i) * c.heads + h) * c.head_dim + x;
+            out_s[at] = ref.out[at] * std::exp(l - merged);
+            d += dout_d[at] * out_s[at];
+          }
+          dsink_ref[h] -= std::exp(s - merged) * d;
+        }
+      }
+    }
+    fa::FwdParams ps = p;
+    ps.sink = sink_dev.as<float>();
+    out_dev.poison();
+    lse_dev.poison();
+    FA_CHECK(fa::run_fwd(ps, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    std::printf("   attention sinks\n");
+    ok &= check("out", out_s, out_dev, t, tol.out);
+    ok &= check_lse(lse_s, lse_dev);
+    fa::BwdParams gs = g;
+    gs.sink = ps.sink;
+    gs.dsink = dsink_dev.as<float>();
+    gs.num_splits = 0;
+    DeviceBuffer softmax_d(fa::bwd_softmax_d_elems(gs) * sizeof(float)), dq_accum(fa::bwd_dq_accum_elems(gs) * sizeof(float));
+    gs.softmax_d = softmax_d.as<float>();
+    gs.dq_accum = dq_accum.as<float>();
+    dsink_dev.poison();
+    FA_CHECK(fa::run_bwd(gs, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const std::vector<float> dsink = dsink_dev.download<float>(c.heads);
+    double err = 0, max_ref = 0;
+    for (int h = 0; h < c.heads; ++h) {
+      const double e = std::fabs(dsink[h] - dsink_ref[h]);
+      err = std::isnan(e) ? kInf : std::max(err, e);
+      max_ref = std::max(max_ref, std::fabs(dsink_ref[h]));
+    }
+    const bool dsink_ok = err <= tol.grad * std::max(max_ref, 1.0);
+    std::printf("    dsink max|err| %.2e  max|ref| %.2e  %s\n", err, max_ref, dsink_ok ? "ok" : "FAIL");
+    ok &= dsink_ok;
+  }
   // No query rows, or no key rows: nothing flows, and no main kernel can run (TMA wants nonzero extents); the
   // other side's gradients are zero.
   for (const bool no_queries : {true, false}) {
