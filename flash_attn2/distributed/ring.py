@@ -181,11 +181,14 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
     kv = _pack(k, v)
     spare = torch.empty_like(kv) if comm.world > 1 else None
     sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
+    # dK / dV of the held block in one flat fp32 buffer (sent as it is), two alternating: the one sent at step s is
+    # done (its exchange waited for) before step s + 2 writes it again.
+    flat = [torch.empty(k.numel() + v.numel(), dtype=acc, device=k.device) for _ in range(min(comm.world, 2))]
     for step in range(comm.world):
         kv_pending = comm.exchange(kv, spare, tag=0) if step + 1 < comm.world else None
         k_cur, v_cur = _unpack(kv, (k, v))
-        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
-        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+        sums = flat[step % 2].zero_()
+        dk, dv = _unpack(sums, (k, v))
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, keys = _block(task, q, k_cur, v_cur)
             rows = slice(row0, task.q[1])
@@ -200,7 +203,7 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             dv += prev_dv
         if comm.world == 1:  # nothing to send: the sums are this rank's own block's already
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
-        sums_in = comm.exchange(_pack(dk, dv), tag=1)  # on to the next rank, which holds this block next
+        sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
         if kv_pending is not None:
             kv, spare = _wait(kv_pending), kv
     dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))  # this rank's own block, from every rank
