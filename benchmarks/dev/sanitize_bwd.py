@@ -1,4 +1,4 @@
-# A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi, dropout; GQA 8:2, whose few key
+# A few small backward calls (fixed and varlen, causal, windows, softcap, ALiBi, dropout, sinks; GQA 8:2, whose few key
 # blocks split the query heads over 4 blocks on the Hopper path; more key blocks than SMs) for compute-sanitizer;
 # deterministic mode and dropout on the default backward (the Hopper one on sm_90) and, on Hopper builds with
 # FLASH_ATTN2_SM80=1, on the SM80 one too (FLASH_ATTN2_BACKEND=sm80 for the backward alone).
@@ -34,6 +34,16 @@ for d in (32, 64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM
             out = flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra(4))
             with forward_backend(backend):
                 out.sum().backward()
+    # Attention sinks: the dsink kernel after the backward, deterministic and not; varlen with empty sequences.
+    for det in (False, True):
+        sink = torch.randn(8, device="cuda", requires_grad=True)
+        q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k, v = (torch.randn(2, 200, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        flash_attn_func(q, k, v, causal=True, deterministic=det, learnable_sink=sink).sum().backward()
+        cu = torch.tensor([0, 0, 300, 299, 450], device="cuda", dtype=torch.int32)
+        qv, kv, vv = (torch.randn(450, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        flash_attn_varlen_func(qv, kv, vv, cu, cu, 300, 300, causal=True, deterministic=det,
+                               learnable_sink=sink).sum().backward()
     # Many key blocks per persistent block (the Hopper backward walks 160 slots here on 132 SMs at most), with
     # key blocks no query sees (the window) among them.
     for window in ((-1, -1), (20, 20)):

@@ -1,4 +1,4 @@
-# A few small forward calls (fixed and varlen; causal, windows, softcap, ALiBi, dropout) for compute-sanitizer, on
+# A few small forward calls (fixed and varlen; causal, windows, softcap, ALiBi, dropout, sinks) for compute-sanitizer, on
 # the default path and on the SM80 one (FLASH_ATTN2_BACKEND=sm80); head dims 64 and 128 where compiled (bf16);
 # then flash_attn_with_kvcache (the update kernel, the split-KV forward and its combine) with hostile device values.
 import torch
@@ -20,6 +20,10 @@ for backend in (None, "sm80") if _ops.ext.sm80_built else (None,):
             with forward_backend(backend):
                 flash_attn_func(q, k, v, causal=causal, window_size=window, **extra)
                 flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=causal, window_size=window, **extra)
+        sink = torch.randn(4, device="cuda")  # attention sinks, with rows that see no key (sq > sk, causal)
+        with forward_backend(backend):
+            flash_attn_func(q, k[:, :100], v[:, :100], causal=True, learnable_sink=sink)
+            flash_attn_varlen_func(qv, kv, vv, cu, cu, 283, 283, causal=True, window_size=(40, 0), learnable_sink=sink)
 torch.cuda.synchronize()
 print("small: ok")
 
@@ -35,13 +39,15 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
         for causal, window, softcap, alibi, splits in ((False, (-1, -1), 0.0, None, 0), (True, (-1, -1), 0.0, None, 3),
                                                        (False, (5, 3), 30.0, torch.rand(8, device="cuda"), 128)):
             flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, seqlens, idx, leftpad, causal=causal,
-                                    window_size=window, softcap=softcap, alibi_slopes=alibi, num_splits=splits)
+                                    window_size=window, softcap=softcap, alibi_slopes=alibi, num_splits=splits,
+                                    learnable_sink=torch.randn(8, device="cuda") if splits == 3 else None)
     flash_attn_func(q[:3, :1], k_cache, v_cache, causal=True)  # decode through flash_attn_func: the split kernel
     # Paged, page 7: a -1-padded table and hostile entries (-5, 10**6) and lengths
     k_pages, v_pages = torch.randn(20, 7, 2, d, **bf16), torch.randn(20, 7, 2, d, **bf16)
     table = torch.tensor([[3, -1, -1], [10**6, -5, 19], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
     for splits in (0, 1, 5):
         flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cos[:21], sin[:21], ints(3, 20, 2**31 - 1, -4),
-                                block_table=table, causal=True, num_splits=splits)
+                                block_table=table, causal=True, num_splits=splits,
+                                learnable_sink=torch.randn(8, device="cuda"))
 torch.cuda.synchronize()
 print("kvcache: ok")
