@@ -40,7 +40,7 @@ for d in (32, 64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM
         q = torch.randn(2, 300, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         k, v = (torch.randn(2, 200, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
         flash_attn_func(q, k, v, causal=True, deterministic=det, learnable_sink=sink).sum().backward()
-        cu = torch.tensor([0, 0, 300, 299, 450], device="cuda", dtype=torch.int32)
+        cu = torch.tensor([0, 0, 300, 300, 450], device="cuda", dtype=torch.int32)
         qv, kv, vv = (torch.randn(450, 8, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         flash_attn_varlen_func(qv, kv, vv, cu, cu, 300, 300, causal=True, deterministic=det,
                                learnable_sink=sink).sum().backward()
