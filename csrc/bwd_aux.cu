@@ -124,26 +124,27 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
 }
 
 // dL/dsink_h = -sum_{b, i} exp(sink_h - LSE_{b,h,i}) D_{b,h,i} (common/sink.h), after the main kernel, from the
-// preprocess's D and the forward's LSE (which holds the sink): one block per head over the rows of every
-// sequence (varlen: cu_seqlens_q's clamped ranges, so that rows outside them, whose dout may hold anything, never
-// enter), each thread's strided sum then a fixed tree: the same bits every run. A -inf LSE (a -inf sink and no
-// key) adds nothing.
+// preprocess's D and the forward's LSE (which holds the sink): one block per head over the rows the sequences
+// cover (varlen: UncoveredRows' complement, so that rows outside them, whose dout may hold anything, never enter),
+// one flat strided loop (no per-sequence round trips), each thread's sum then a fixed tree: the same bits every
+// run. A -inf LSE (a -inf sink and no key) adds nothing.
 __global__ void __launch_bounds__(kThreads) sink_grad_kernel(const __grid_constant__ BwdParams p) {
   const int h = int(blockIdx.x);
   const float sink = p.sink[h];
   const bool varlen = p.cu_seqlens_q != nullptr;
   const float* d = p.softmax_d + int64_t(h) * p.total_q;  // D of head h, (total_q) packed rows
+  const float* lse = p.lse + h * p.lse_head_stride;
   float acc = 0.f;
-  if (sink != -INFINITY) {
-    for (int b = 0; b < p.batch; ++b) {
-      const RowRange rows = varlen ? packed_rows(p.cu_seqlens_q, b, p.total_q)
-                                   : RowRange{int64_t(b) * p.seqlen_q, int64_t(b + 1) * p.seqlen_q};
+  if (sink != -INFINITY && p.batch > 0) {
+    int64_t begin = 0, end = p.total_q;
+    if (varlen) {
+      const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
+      begin = uncovered.lead_end, end = uncovered.tail_begin;
+    }
+    for (int64_t r = begin + threadIdx.x; r < end; r += kThreads) {
       // LSE: (heads, total_q) for varlen, indexed by the packed row; (batch, heads, seqlen_q) for fixed length.
-      const float* lse = p.lse + h * p.lse_head_stride + (varlen ? 0 : b * p.lse_batch_stride);
-      for (int64_t r = rows.begin + threadIdx.x; r < rows.end; r += kThreads) {
-        const float l = lse[varlen ? r : r - rows.begin];
-        if (l != -INFINITY) acc += expf(sink - l) * d[r];
-      }
+      const float l = varlen ? lse[r] : lse[r / p.seqlen_q * p.lse_batch_stride + r % p.seqlen_q];
+      if (l != -INFINITY) acc += expf(sink - l) * d[r];
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);

@@ -302,29 +302,48 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
   p.lse = lse.data_ptr<float>();
 }
 
-// Attention sinks (learnable_sink): (nheads,) of a float dtype on q's device, as fp32 for the kernels; the returned
-// tensor keeps that copy alive until the launch is queued.
-Tensor set_sink(flash_attn2::FwdParams& p, const OptTensor& sink, const Tensor& q) {
-  if (!sink.has_value()) return {};
+// Attention sinks (learnable_sink): (nheads,) fp32 / fp16 / bf16 on q's device (flash_attn2/_sinks.py's rule).
+void check_sink(const OptTensor& sink, const Tensor& q) {
+  if (!sink.has_value()) return;
   TORCH_CHECK(sink->dim() == 1 && sink->size(0) == q.size(-2),
               "flash_attn2: learnable_sink must be (nheads,) = (", q.size(-2), ",), got ", tuple_str(sink->sizes()));
-  TORCH_CHECK(at::isFloatingType(sink->scalar_type()), "flash_attn2: learnable_sink must be a float tensor, got ",
-              dtype_str(sink->scalar_type()));
+  const auto dtype = sink->scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
+              "flash_attn2: learnable_sink must be float32, float16 or bfloat16, got ", dtype_str(dtype));
   TORCH_CHECK(sink->device() == q.device(), "flash_attn2: learnable_sink must be on q's device ", device_str(q.device()),
               ", got ", device_str(sink->device()));
+}
+
+// The sinks as fp32 for the kernels; the returned tensor keeps that copy alive until the launch is queued.
+Tensor set_sink(flash_attn2::FwdParams& p, const OptTensor& sink, const Tensor& q) {
+  if (!sink.has_value()) return {};
+  check_sink(sink, q);
   Tensor sink32 = sink->to(at::kFloat).contiguous();
   p.sink = sink32.data_ptr<float>();
   return sink32;
 }
 
-// lse of rows that see no key: the sink of their head, or -inf.
-void fill_empty_lse(Tensor& lse, const OptTensor& sink, bool varlen) {
+// lse when no row sees a key: each row's head's sink (-inf without sinks), except varlen rows outside every sequence
+// (before cu_seqlens_q[0], after the last sequence's end, as the kernels' UncoveredRows), which keep -inf. Device
+// tensor ops: no sync on cu_seqlens.
+void fill_empty_lse(Tensor& lse, const OptTensor& sink, const OptTensor& cu_seqlens_q) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
   if (!sink.has_value()) {
-    lse.fill_(-std::numeric_limits<float>::infinity());
+    lse.fill_(minus_inf);
     return;
   }
   const Tensor per_head = sink->to(at::kFloat);
-  lse.copy_(varlen ? per_head.view({-1, 1}).expand_as(lse) : per_head.view({1, -1, 1}).expand_as(lse));
+  if (!cu_seqlens_q.has_value()) {  // (batch, nheads, seqlen_q)
+    lse.copy_(per_head.view({1, -1, 1}).expand_as(lse));
+    return;
+  }
+  const int64_t total = lse.size(1), batch = cu_seqlens_q->numel() - 1;  // lse (nheads, total_q)
+  const Tensor cu = cu_seqlens_q->to(at::kLong);
+  const Tensor lead_end = cu[0].clamp(0, total);
+  const Tensor tail_begin = at::minimum(at::maximum(cu[batch], cu[batch - 1].clamp(0, total)), cu.new_full({}, total));
+  const Tensor rows = at::arange(total, cu.options());
+  const Tensor covered = (rows >= lead_end).logical_and(rows < tail_begin);
+  lse.copy_(at::where(covered.view({1, -1}), per_head.view({-1, 1}), at::full({}, minus_inf, lse.options())));
 }
 
 void check_launch(cudaError_t err, const Tensor& q, const char* direction) {
@@ -398,10 +417,11 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
              bool causal, int64_t window_left, int64_t window_right, double softcap,
              const OptTensor& alibi_slopes, double dropout_p, const OptTensor& rng_state, bool new_seed,
              const OptTensor& sink) {
+  check_sink(sink, q);
   if (q.numel() == 0) return;
   if (k.numel() == 0) {  // no keys at all: every row sees nothing
     out.zero_();
-    fill_empty_lse(lse, sink, cu_seqlens_q.has_value());
+    fill_empty_lse(lse, sink, cu_seqlens_q);
     return;
   }
   flash_attn2::FwdParams p{};
@@ -543,6 +563,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
                                        int64_t window_left, int64_t window_right, double softcap,
                                        bool rotary_interleaved, const OptTensor& alibi_slopes, int64_t num_splits,
                                        const OptTensor& learnable_sink) {
+  check_sink(learnable_sink, q);
   // Varlen q (cu_seqlens_q: vLLM's and SGLang's calls) against a paged cache: q (total_q, nheads, headdim) runs as a
   // batch of one row of sequences (below), its per-sequence key counts from cache_seqlens (seqused_k) or cu_seqlens_k.
   const bool varlen = cu_seqlens_q.has_value();
@@ -646,7 +667,9 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
                       : at::empty({batch, q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
   if (q.numel() > 0 && kc.size(1) == 0) {  // a cache with no rows: every query sees nothing
     out.zero_();
-    fill_empty_lse(lse, learnable_sink, /*varlen=*/false);  // varlen's lse is (1, nheads, total_q) here
+    // (batch, nheads, seqlen_q), or varlen's (nheads, total_q) with its cu_seqlens_q
+    Tensor rows = varlen ? lse.squeeze(0) : lse;
+    fill_empty_lse(rows, learnable_sink, varlen ? cu_seqlens_q : OptTensor());
   } else if (q.numel() > 0) {
     flash_attn2::FwdParams p{};
     set_fwd_params(p, qr, kc, vc, out, lse, std::nullopt, std::nullopt, 0, 0, softmax_scale, causal, window_left,

@@ -105,27 +105,33 @@ def _keep(seed, offset, p, bh, seqlen_q, seqlen_k, device):
 
 
 def s_dmask(q, k, rng_state, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q=None,
-            cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0):
+            cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0, sink=None):
     """flash-attn's S_dmask (return_attn_probs=True with dropout): the softmax probabilities (batch, nheads,
     seqlen_q, seqlen_k) in q's dtype, negated where dropout dropped them; varlen pads each sequence with zeros
     to (max_seqlen_q, max_seqlen_k), or to the longest sequence where that is longer than its hint. Recomputed
     here in O(seqlen^2) memory from the seed and offset the forward drew with (a device-to-host read): for
-    tests and inspection, as in flash-attn."""
+    tests and inspection, as in flash-attn. With attention sinks (sink, (nheads,)) the softmax has their column
+    too, which the probabilities leave out (as the kernels' P)."""
     seed, offset = (int(x) & 0xFFFFFFFFFFFFFFFF for x in rng_state.tolist())
     with torch.no_grad():  # a returned tensor, not part of the graph
         return _s_dmask(q, k, seed, offset, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q,
-                        cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                        cu_seqlens_k, max_seqlen_q, max_seqlen_k, sink)
 
 
 def _s_dmask(q, k, seed, offset, p, causal, softmax_scale, window, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-             max_seqlen_q, max_seqlen_k):
+             max_seqlen_q, max_seqlen_k, sink=None):
     from .testing import attention_scores  # the reference's scores: one definition of the score modifiers
 
     threshold = dropout_threshold(p)
 
     def one(qb, kb, b, slopes):
         scores = attention_scores(qb.float(), kb.float(), causal, softmax_scale, window, softcap, slopes)
+        if sink is not None:  # the sink's column joins the softmax, then leaves (it has no value)
+            column = sink.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+            scores = torch.cat([scores, column], dim=-1)
         probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[0]  # (heads, sq, sk)
+        if sink is not None:
+            probs = probs[..., :-1]
         keep = keep_mask_one(seed, offset, p, b, qb.shape[2], qb.shape[1], kb.shape[1], device=q.device)
         return torch.where(keep & (threshold > 0), probs, -probs).to(q.dtype)
 

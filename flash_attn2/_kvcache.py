@@ -225,6 +225,9 @@ def _fwd_kvcache_fake(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_s
                       learnable_sink=None):
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
+    if learnable_sink is not None:
+        from ._sinks import check_sink
+        check_sink(learnable_sink, q.shape[-2], q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if cu_seqlens_q is not None:
         return out, q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)

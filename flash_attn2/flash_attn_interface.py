@@ -217,7 +217,7 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     s_dmask = None
     if dropout_p > 0.0:
         s_dmask = _dropout.s_dmask(q, k, rng_state, dropout_p, causal, scale, (left, right), softcap, alibi_slopes,
-                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                                   cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, learnable_sink)
     return out, softmax_lse, s_dmask
 
 

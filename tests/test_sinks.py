@@ -189,3 +189,33 @@ def test_sink_with_no_keys_at_all():
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, sink.detach().view(1, 4, 1).expand(2, 4, 5))
     grads = torch.autograd.grad(out, (q, sink), torch.randn_like(out))
     assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+@pytest.mark.gpu
+def test_dropout_probabilities_leave_the_sink_out():
+    """return_attn_probs with dropout and a sink: S_dmask's magnitudes are the softmax with the sink's column, without
+    it: each row's probabilities sum to 1 - exp(sink - lse)."""
+    _require(64, torch.bfloat16)
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 65, 4, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    sink = torch.randn(4, device="cuda") + 2.0
+    _, lse, s_dmask = flash_attn2.flash_attn_func(q, k, v, dropout_p=0.2, learnable_sink=sink, return_attn_probs=True)
+    row_sums = s_dmask.abs().float().sum(-1)  # (batch, heads, seqlen_q)
+    torch.testing.assert_close(row_sums, 1 - torch.exp(sink.view(1, 4, 1) - lse), atol=2e-2, rtol=0)
+
+
+@pytest.mark.gpu
+def test_varlen_sink_without_keys_keeps_uncovered_rows_at_minus_inf():
+    """k with no rows, varlen: rows inside the sequences get lse = the sink, rows outside every sequence -inf."""
+    _require(64, torch.bfloat16)
+    q = torch.randn(10, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(0, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.tensor([2, 5, 8], device="cuda", dtype=torch.int32)
+    cu_k = torch.zeros(3, device="cuda", dtype=torch.int32)
+    sink = torch.randn(4, device="cuda")
+    out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 3, 0, learnable_sink=sink,
+                                                     return_attn_probs=True)
+    assert torch.equal(out, torch.zeros_like(out))
+    expected = torch.full((4, 10), -math.inf, device="cuda")
+    expected[:, 2:8] = sink.view(4, 1)
+    assert torch.equal(lse, expected)

@@ -36,8 +36,9 @@ struct FwdParams {
   const void* k;
   const void* v;
   void* out;
-  // Natural-log sum of exp of the scaled scores per query row, fp32: (batch, heads, seqlen_q), or
-  // (heads, total_q) for varlen. A row that sees no key gets -inf (its output row is 0).
+  // Natural-log sum of exp of the scaled scores per query row (plus exp(sink) with sinks), fp32: (batch, heads,
+  // seqlen_q), or (heads, total_q) for varlen. A row that sees no key gets -inf, or its head's sink (its output
+  // row is 0).
   float* lse;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
@@ -81,7 +82,8 @@ struct FwdParams {
   // Attention sinks (gpt-oss; flash-attn 4's learnable_sink): fp32 (num_heads,), or nullptr. Head h's logit joins
   // every row's softmax denominator with no value: Z = sum_j exp(scaled score_j) + exp(sink[h]), lse = log Z, so a
   // row that sees no key gets out 0 and lse = sink[h] (rows outside every varlen sequence keep lse -inf). -inf is no
-  // sink; +inf or NaN gives NaN rows. Split-KV adds it once, in the combine.
+  // sink. A sink must be -inf or finite with |sink| < 1e38 (its LSE times log2(e) stays finite in the backward):
+  // +inf, NaN or larger gives undefined rows of that head (NaN or inf). Split-KV adds it once, in the combine.
   const float* sink = nullptr;
   // Attention dropout (flash-attn's dropout_p, in [0, 1)): each probability is kept iff a Philox byte is
   // below round((1 - dropout_p) * 256) (flash-attn's 8-bit resolution) and kept ones are scaled by 256 over
@@ -153,7 +155,7 @@ struct BwdParams : FwdParams {
   int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
 
   // fp32 workspace, contiguous and 16-byte aligned, filled by run_bwd: rowsum(dout * out) as
-  // (num_heads, total_q) followed by lse * log2(e) in the same layout (+inf for rows that saw no key) and
+  // (num_heads, total_q) followed by lse * log2(e) in the same layout (+inf where lse is -inf) and
   // the Hopper backward's tile counter, and the dq accumulator (its layout is the kernels' own). Sizes:
   // bwd_*_elems().
   float* softmax_d;
@@ -244,7 +246,7 @@ cudaError_t run_kv_append(const KvAppendParams& params, cudaStream_t stream);
 // launch's error; last_error_message() says which.
 cudaError_t run_fwd(const FwdParams& params, cudaStream_t stream);
 
-// Enqueues the backward pass (three kernels) on stream; softmax_d and dq_accum must point to workspace
+// Enqueues the backward pass (three kernels, a fourth for dsink) on stream; softmax_d and dq_accum must point to workspace
 // of the sizes above (any contents). Errors as for run_fwd.
 cudaError_t run_bwd(const BwdParams& params, cudaStream_t stream);
 

@@ -8,7 +8,7 @@
 // LSE = sink. With split-KV the sink enters once, in the combine (fwd_aux.cu), never in a split's partial. The
 // backward needs nothing more for dq, dk, dv (their P = exp(s - LSE') and D = rowsum(dO o out') are the sink's),
 // and dsink_h = -sum_{b,i} exp(sink_h - LSE'_{b,h,i}) D_{b,h,i} (bwd_aux.cu).
-// Host and device code, no CuTe.
+// Device code, no CuTe.
 #pragma once
 
 #include <cmath>

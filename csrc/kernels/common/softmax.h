@@ -63,8 +63,8 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf. sink(r):
-  // row r's attention sink (common/sink.h), -inf for none; NoSink emits nothing.
+  // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf (the sink,
+  // with one). sink(r): row r's attention sink (common/sink.h), -inf for none; NoSink emits nothing.
   template <class TensorO, class Sink = NoSink>
   __device__ void finalize(TensorO& O, float (&lse)[kRows], Sink sink = {}) const {
     CUTE_UNROLL

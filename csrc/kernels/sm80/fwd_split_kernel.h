@@ -279,7 +279,8 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   cp_async_wait<0>();  // no copy may land in shared memory after the block exits
 
   // Epilogue. A split with no block (past the range's end, or a row that sees no key) writes O = 0, LSE = -inf. A
-  // sink enters where the tile writes out directly; partials leave it to the combine.
+  // sink enters where the tile writes out directly (such a row's LSE is then the sink); partials leave it to the
+  // combine.
   float row_lse[kRows];
   {
     Tensor O = rowcol_view(acc_o);

@@ -42,8 +42,8 @@ struct FwdEpilogueSm90 {
 
   // softmax: the mainloop's OnlineSoftmax; acc_o its unnormalized O (mma_o's accumulator), scaled by
   // dropout_scale with kDropout; tScS: the thread's S-fragment coordinates in rowcol view (which rows, and whether
-  // it holds their column 0: the LSE's writer). Rows that saw no key get O = 0, LSE = -inf. With O staged over Q
-  // (!Traits::kSeparateO), the warpgroup's Q slab is released once the store has read it.
+  // it holds their column 0: the LSE's writer). Rows that saw no key get O = 0, LSE = -inf (the sink, with one).
+  // With O staged over Q (!Traits::kSeparateO), the warpgroup's Q slab is released once the store has read it.
   template <bool kDropout, class Softmax, class AccO, class TiledMmaO, class TensorC>
   __device__ __forceinline__ void store(const Softmax& softmax, AccO& acc_o, const TiledMmaO& mma_o,
                                         const TensorC& tScS, float dropout_scale) const {
