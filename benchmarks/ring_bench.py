@@ -16,6 +16,7 @@
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
 import argparse
 import csv
+import datetime
 import math
 import os
 import statistics
@@ -35,21 +36,26 @@ from flash_attn2.distributed._schedule import ring_tasks  # noqa: E402
 HEADS, HEADS_K, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 
 
-def time_ms(fn, reps, warmup=2):
-    for _ in range(warmup):
-        fn()
+def time_interleaved(fns, reps, warmup):
+    """{name: median ms}: each rep times every fn once, the order rotated from rep to rep (the clocks swing under the
+    power cap: no implementation gets all the cool or all the hot ones); every rank starts each call together."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    names, times = list(fns), {name: [] for name in fns}
+    for rep in range(reps):
+        for i in range(len(names)):
+            name = names[(i + rep) % len(names)]
+            dist.barrier()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fns[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def compute_only(q, k, v, world, rank, dout=None):
@@ -162,13 +168,18 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peer", action="store_true", help="also time ring-flash-attn 0.1.8 through benchmarks/peer_shim")
     p.add_argument("--no-single", action="store_true", help="skip the one-GPU reference call")
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="CSV, a row appended (and flushed) as each point finishes")
     args = p.parse_args()
-    dist.init_process_group("nccl")
+    # A rank that fails alone (out of memory, say) stops the others after 3 minutes, not NCCL's default 10.
+    dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=3))
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     peer = peer_zigzag() if args.peer else None
-    rows = []
+    fields = ["gpu", "world", "seqlen", "pass", "ring_ms", "compute_ms", "comm_ms", "merge_ms", "peer_ms", "single_ms",
+              "efficiency", "efficiency_1gpu", "speedup_vs_peer"]
+    if rank == 0 and args.out:
+        with open(args.out, "w", newline="") as f:
+            csv.DictWriter(f, fieldnames=fields).writeheader()
     for seqlen in args.seqlens:
         local = seqlen // world
         torch.manual_seed(rank)
@@ -194,40 +205,37 @@ def main():
                 with torch.no_grad():
                     compute_only(q, k, v, world, rank, dout if backward else None)
 
-            times = {"ring_ms": time_ms(ring_call(ring.zigzag_ring_flash_attn_func), args.reps),
-                     "compute_ms": time_ms(alone, args.reps),
-                     "comm_ms": time_ms(lambda: comm_only(k.detach(), v.detach(), world, backward), args.reps),
-                     "merge_ms": time_ms(lambda: merge_only(q.detach(), k.detach(), world, rank, backward, blocks),
-                                         args.reps)}
+            fns = {"ring_ms": ring_call(ring.zigzag_ring_flash_attn_func), "compute_ms": alone,
+                   "comm_ms": lambda: comm_only(k.detach(), v.detach(), world, backward),
+                   "merge_ms": lambda: merge_only(q.detach(), k.detach(), world, rank, backward, blocks)}
             if peer is not None:
-                times["peer_ms"] = time_ms(ring_call(peer), args.reps)
+                fns["peer_ms"] = ring_call(peer)
+            factor = 1.0
             if not args.no_single:
-                run, factor = single_gpu(seqlen, world, backward)
-                times["single_ms"] = time_ms(run, args.reps) * factor
-                del run
+                fns["single_ms"], factor = single_gpu(seqlen, world, backward)
+            times = time_interleaved(fns, args.reps, warmup=1 if seqlen >= 524288 else 2)
+            if "single_ms" in times:
+                times["single_ms"] *= factor
+            del fns
             names = list(times)
             both = torch.tensor([times[n] for n in names], device="cuda")
             dist.all_reduce(both, op=dist.ReduceOp.MAX)
             times = dict(zip(names, both.tolist()))
-            row = dict(gpu=torch.cuda.get_device_name(), world=world, seqlen=seqlen, pass_=pass_,
+            row = dict(gpu=torch.cuda.get_device_name(), world=world, seqlen=seqlen, **{"pass": pass_},
                        **{n: round(t, 3) for n, t in times.items()},
                        efficiency=round(times["compute_ms"] / times["ring_ms"], 3))
             if "single_ms" in times:
                 row["efficiency_1gpu"] = round(times["single_ms"] / times["ring_ms"], 3)
             if "peer_ms" in times:
                 row["speedup_vs_peer"] = round(times["peer_ms"] / times["ring_ms"], 3)
-            rows.append(row)
             if rank == 0:
                 print(row, flush=True)
+                if args.out:
+                    with open(args.out, "a", newline="") as f:
+                        csv.DictWriter(f, fieldnames=fields).writerow(row)
             torch.cuda.empty_cache()
         del q, k, v, dout, blocks
         torch.cuda.empty_cache()
-    if rank == 0 and args.out:
-        fields = list(dict.fromkeys(key for row in rows for key in row))
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            writer.writerows(rows)
     dist.destroy_process_group()
 
 

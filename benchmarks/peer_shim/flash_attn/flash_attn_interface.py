@@ -30,7 +30,9 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
                          window_size_left, window_size_right, softcap, alibi_slopes, deterministic, rng_state=None):
     _no_dropout(dropout_p)
     causal, window = _window(causal, window_size_left, window_size_right, q.shape[1], k.shape[1])
-    _fa._flash_attn_backward(dout, q, k, v, out, softmax_lse, None, None, 0, 0, softmax_scale, causal,
+    # ring-flash-attn's merged lse is a transposed view (its layout up to TorchScript's fuser); the kernels take it
+    # contiguous.
+    _fa._flash_attn_backward(dout, q, k, v, out, softmax_lse.contiguous(), None, None, 0, 0, softmax_scale, causal,
                              deterministic, dq=dq, dk=dk, dv=dv, window=window, softcap=softcap,
                              alibi_slopes=alibi_slopes)
     return None
@@ -56,7 +58,7 @@ def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_
                                 zero_tensors=False):
     _no_dropout(dropout_p)
     causal, window = _window(causal, window_size_left, window_size_right, max_seqlen_q, max_seqlen_k)
-    _fa._flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    _fa._flash_attn_backward(dout, q, k, v, out, softmax_lse.contiguous(), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                              max_seqlen_k, softmax_scale, causal, deterministic, dq=dq, dk=dk, dv=dv, window=window,
                              softcap=softcap, alibi_slopes=alibi_slopes)
     return None
