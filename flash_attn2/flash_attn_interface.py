@@ -307,18 +307,34 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         raise NotImplementedError("flash_attn2: dropout_p > 0 with block_table (a paged cache) is not supported")
     if not isinstance(cu_seqlens_q, torch.Tensor):
         raise TypeError(f"flash_attn2: cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
-    if isinstance(q, torch.Tensor) and q.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError("flash_attn2: the paged forward (block_table) has no backward; call it under "
-                                  "torch.no_grad() or with tensors that do not require grad")
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype):
         raise ValueError(f"flash_attn2: out must be a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}")
-    result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
-                                cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
-                                True, alibi_slopes, num_splits, True, learnable_sink)
-    if out is not None:
-        out.copy_(result)
-        result = out
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                 for t in (q, k_cache, v_cache, learnable_sink))
+    with torch.no_grad():
+        result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
+                                    cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size,
+                                    softcap, True, alibi_slopes, num_splits, True, learnable_sink)
+        if out is not None:
+            out.copy_(result)
+            result = out
+    if needs_grad:  # flash-attn's own tests call it with q requiring grad: the forward runs, a backward raises
+        result = _NoPagedBackward.apply(result, q, k_cache, v_cache, learnable_sink)
     return (result, lse, None) if return_attn_probs else result
+
+
+class _NoPagedBackward(torch.autograd.Function):
+    """The paged forward's output under grad mode: the same tensor, whose backward raises (the paged path has no
+    backward kernel) instead of silently giving q, k, v no gradient."""
+
+    @staticmethod
+    def forward(ctx, result, *inputs):
+        return result.view_as(result)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("flash_attn2: the paged forward (block_table) has no backward; gradients through it "
+                                  "are not supported")
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

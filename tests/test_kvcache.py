@@ -385,6 +385,50 @@ def test_varlen_q_against_paged_cache(page, call, causal, num_splits, hint):
 
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("local", [False, True])
+@pytest.mark.parametrize("swap_sq_sk", [False, True])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 239), (3, 799), (127, 513), (113, 203), (108, 256), (1023, 1024)])
+@pytest.mark.parametrize("page", [1, 16, 256, 512])
+def test_flash_attn_varlen_causal_paged(dtype, d, local, swap_sq_sk, seqlen_q, seqlen_k, page):
+    """flash-attn's test_flash_attn_varlen_causal with paged_kv_block_size (its pages 256 / 512, and 1 / 16, which
+    it cannot take): random padding masks make the sequences, the keys live in randomly placed pages of a cache,
+    cu_seqlens_k gives each sequence's key count, a window drawn as flash-attn draws it (a 2-element tensor); q
+    requires grad as there (the forward runs; the paged path has no backward, which raises if asked)."""
+    require_kernel(d, dtype)
+    if swap_sq_sk:
+        seqlen_q, seqlen_k = seqlen_k, seqlen_q
+    torch.manual_seed(0)
+    batch, heads = 8, 9
+    window = (-1, -1) if not local else torch.randint(0, seqlen_k, (2,))
+    pages_per_seq = -(-seqlen_k // page)
+    num_pages = 3 * batch * pages_per_seq  # flash-attn's generator: a cache three times the need, pages permuted
+    k_pages, v_pages = randn(num_pages, page, heads, d, dtype=dtype), randn(num_pages, page, heads, d, dtype=dtype)
+    table = torch.randperm(num_pages, device="cuda")[:batch * pages_per_seq].to(torch.int32).view(batch, pages_per_seq)
+    lens_q = torch.randint(max(1, seqlen_q // 2), seqlen_q + 1, (batch,)).tolist()  # flash-attn's "random" masks
+    lens_k = torch.randint(max(1, seqlen_k // 2), seqlen_k + 1, (batch,)).tolist()
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(int(cu_q[-1]), heads, d, dtype=dtype).requires_grad_()
+    out = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max(lens_q), max(lens_k), 0.0,
+                                             causal=True, window_size=window, block_table=table)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="paged forward"):
+        out.sum().backward()
+    dense_k, dense_v = from_pages(k_pages, table), from_pages(v_pages, table)
+    win = (-1, -1) if not local else tuple(int(w) for w in window)
+    for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        qb = q.detach()[None, rows]
+        ref, _ = attention_ref(qb.float(), dense_k[b:b + 1, :n_k].float(), dense_v[b:b + 1, :n_k].float(), True,
+                               window=win)
+        lowp, _ = attention_ref(qb, dense_k[b:b + 1, :n_k], dense_v[b:b + 1, :n_k], True, window=win, upcast=False)
+        ok, err, err_pt = within_tolerance(out.detach()[None, rows], ref, lowp)
+        assert ok, f"sequence {b}: error {err} vs PyTorch's {err_pt}"
+
+
+@gpu
 def test_cuda_graph_replay_with_changing_lengths():
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
