@@ -7,14 +7,21 @@ backward, GQA without expanding K / V, fp32 merges and gradient sums. They share
 merge (`_merge.py`) with the single-process emulation (tests/test_ring_math.py) and the gloo tests
 (tests/test_ring_gloo.py). The all-gather form (`llama3.py`: llama3_flash_attn_varlen_func with its prepare step)
 takes packed documents of any length, GQA and causal windows; `ring_varlen.py` the ring and zigzag over packed
-documents (each split over the ranks, local cu_seqlens). Status (issue #51): checked on the CPU only; overlap of the
-backward's exchange and torch.compile are not built yet. `import flash_attn2` never imports
-this package.
+documents (each split over the ranks, local cu_seqlens); `packed.py` every function's qkv- and kv-packed form.
+Communication overlaps compute in both directions; the dense rings are torch custom ops (torch.compile traces through
+them). Status (issue #51): checked on the CPU (emulation, gloo); the NCCL tests and the benchmark have not run yet.
+`import flash_attn2` never imports this package.
 """
 
 from ._merge import merge_partial
 from ._schedule import CAUSAL, CAUSAL_STRICT, FULL, Task, coverage, ring_tasks, shard_indices
 from .llama3 import llama3_flash_attn_prepare_cu_seqlens, llama3_flash_attn_varlen_func
+from .packed import (llama3_flash_attn_varlen_kvpacked_func, llama3_flash_attn_varlen_qkvpacked_func,
+                     ring_flash_attn_kvpacked_func, ring_flash_attn_qkvpacked_func,
+                     ring_flash_attn_varlen_kvpacked_func, ring_flash_attn_varlen_qkvpacked_func,
+                     stripe_flash_attn_kvpacked_func, stripe_flash_attn_qkvpacked_func,
+                     zigzag_ring_flash_attn_kvpacked_func, zigzag_ring_flash_attn_qkvpacked_func,
+                     zigzag_ring_flash_attn_varlen_kvpacked_func, zigzag_ring_flash_attn_varlen_qkvpacked_func)
 from .ring import (ring_flash_attn_func, stripe_flash_attn_func, stripe_shard, unshard, zigzag_ring_flash_attn_func,
                    zigzag_shard)
 from .ring_varlen import ring_flash_attn_varlen_func, varlen_shard, zigzag_ring_flash_attn_varlen_func
@@ -23,4 +30,9 @@ __all__ = ["CAUSAL", "CAUSAL_STRICT", "FULL", "Task", "coverage", "llama3_flash_
            "llama3_flash_attn_varlen_func", "merge_partial", "ring_flash_attn_func",
            "ring_flash_attn_varlen_func", "ring_tasks", "shard_indices", "stripe_flash_attn_func", "stripe_shard",
            "unshard", "varlen_shard", "zigzag_ring_flash_attn_func", "zigzag_ring_flash_attn_varlen_func",
-           "zigzag_shard"]
+           "zigzag_shard", "ring_flash_attn_qkvpacked_func", "ring_flash_attn_kvpacked_func",
+           "zigzag_ring_flash_attn_qkvpacked_func", "zigzag_ring_flash_attn_kvpacked_func",
+           "stripe_flash_attn_qkvpacked_func", "stripe_flash_attn_kvpacked_func",
+           "ring_flash_attn_varlen_qkvpacked_func", "ring_flash_attn_varlen_kvpacked_func",
+           "zigzag_ring_flash_attn_varlen_qkvpacked_func", "zigzag_ring_flash_attn_varlen_kvpacked_func",
+           "llama3_flash_attn_varlen_qkvpacked_func", "llama3_flash_attn_varlen_kvpacked_func"]
