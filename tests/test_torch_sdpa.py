@@ -149,7 +149,8 @@ def test_dropout_reproducible_and_backward_consistent(active):
 
 
 @pytest.mark.gpu
-def test_varlen_attn_matches_direct(active):
+@pytest.mark.parametrize("window", [(-1, 0), (-1, -1), (32, 0), (16, 16)])  # (-1, 0): causal
+def test_varlen_attn_matches_direct(active, window):
     if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
         pytest.skip("head dim 64 bf16 not compiled")
     from torch.nn.attention.varlen import varlen_attn
@@ -157,8 +158,8 @@ def test_varlen_attn_matches_direct(active):
     cu = torch.tensor([0] + lens, device="cuda").cumsum(0).to(torch.int32)
     q, k, v = (torch.randn(sum(lens), 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
-    out = varlen_attn(q, k, v, cu, cu, max(lens), max(lens), window_size=(-1, 0))  # (-1, 0): causal
-    direct = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+    out = varlen_attn(q, k, v, cu, cu, max(lens), max(lens), window_size=window)
+    direct = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), window_size=window)
     assert max_error(out, direct) <= 1e-2 if not torch.equal(out, direct) else True
     dout = torch.randn_like(out)
     g = torch.autograd.grad(out, (q, k, v), dout)
