@@ -102,6 +102,26 @@ def test_export_on_fake_inputs():
     assert "flash_attn2.fwd.default" in targets
 
 
+def test_export_with_learnable_sink_on_fake_inputs():
+    """torch.export of attention with sinks: one flash_attn2.fwd node that takes the sink (no Python rescaling
+    around it)."""
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sink = torch.nn.Parameter(torch.zeros(8, device="cuda"))
+
+        def forward(self, q, k, v):
+            return flash_attn2.flash_attn_func(q, k, v, causal=True, learnable_sink=self.sink)
+
+    with FakeTensorMode():
+        q = torch.empty(2, 100, 8, 64, device="cuda", dtype=BF16)
+        k, v = (torch.empty(2, 50, 2, 64, device="cuda", dtype=BF16) for _ in range(2))
+        module = Attention()
+    program = torch.export.export(module, (q, k, v))
+    nodes = [n for n in program.graph.nodes if n.op == "call_function" and "flash_attn2.fwd" in str(n.target)]
+    assert len(nodes) == 1 and len(nodes[0].args) == 16, [n.args for n in nodes]
+
+
 # ----------------------------------------------------------------------------------------------------
 # GPU: opcheck runs the op eagerly, under FakeTensor and through AOTAutograd, and compares.
 
