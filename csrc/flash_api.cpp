@@ -302,16 +302,22 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
   p.lse = lse.data_ptr<float>();
 }
 
-// Attention sinks (learnable_sink): (nheads,) fp32 / fp16 / bf16 on q's device (flash_attn2/_sinks.py's rule).
+// Attention sinks (learnable_sink): (nheads,) fp32 / fp16 / bf16 on q's device; flash_attn2/_sinks.py's check_sink,
+// in its order, with its messages and error types.
 void check_sink(const OptTensor& sink, const Tensor& q) {
   if (!sink.has_value()) return;
-  TORCH_CHECK(sink->dim() == 1 && sink->size(0) == q.size(-2),
-              "flash_attn2: learnable_sink must be (nheads,) = (", q.size(-2), ",), got ", tuple_str(sink->sizes()));
   const auto dtype = sink->scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16,
-              "flash_attn2: learnable_sink must be float32, float16 or bfloat16, got ", dtype_str(dtype));
-  TORCH_CHECK(sink->device() == q.device(), "flash_attn2: learnable_sink must be on q's device ", device_str(q.device()),
-              ", got ", device_str(sink->device()));
+  if (dtype != at::kFloat && dtype != at::kHalf && dtype != at::kBFloat16) {
+    type_error("learnable_sink must be float32, float16 or bfloat16, got " + dtype_str(dtype));
+  }
+  if (sink->dim() != 1 || sink->size(0) != q.size(-2)) {
+    value_error("learnable_sink must be (nheads,) = (" + std::to_string(q.size(-2)) + ",), got shape " +
+                tuple_str(sink->sizes()));
+  }
+  if (sink->device() != q.device()) {
+    value_error("learnable_sink must be on q's device " + device_str(q.device()) + ", got " +
+                device_str(sink->device()));
+  }
 }
 
 // The sinks as fp32 for the kernels; the returned tensor keeps that copy alive until the launch is queued.

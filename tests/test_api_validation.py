@@ -288,3 +288,19 @@ def test_head_dim_not_compiled():
     with pytest.raises(NotImplementedError, match=f"no forward kernel was compiled for head_dim {head_dim} and {name}; "
                                                   "rebuild with FLASH_ATTN2_HEAD_DIMS"):
         flash_attn2.flash_attn_func(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sink,error", [(torch.zeros(4, dtype=torch.float64), TypeError), (torch.zeros(3), ValueError),
+                                        (torch.zeros(2, 2), ValueError)])
+def test_sink_checks_of_the_op_say_what_python_says(sink, error):
+    """A bad learnable_sink given to the op directly (csrc/flash_api.cpp check_sink) raises what the wrappers' check
+    (flash_attn2/_sinks.py) raises, with the same message."""
+    from flash_attn2._sinks import check_sink
+    q = torch.randn(1, 8, 4, 64, device="cuda", dtype=BF16)
+    sink = sink.cuda()
+    with pytest.raises(error) as python:
+        check_sink(sink, 4, q)
+    with pytest.raises(error) as op:
+        flash_attn2._ops.fwd(q, q, q, None, None, 8, 8, 0.125, False, -1, -1, 0.0, None, False, 0.0, sink)
+    assert str(op.value).splitlines()[0] == str(python.value)
