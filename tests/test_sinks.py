@@ -219,3 +219,13 @@ def test_varlen_sink_without_keys_keeps_uncovered_rows_at_minus_inf():
     expected = torch.full((4, 10), -math.inf, device="cuda")
     expected[:, 2:8] = sink.view(4, 1)
     assert torch.equal(lse, expected)
+
+
+@pytest.mark.gpu
+def test_one_autograd_node_with_the_sink_edge():
+    """With a sink the output's grad_fn is still the one C++ node (no Python rescaling around it), with four edges."""
+    _require(64, torch.bfloat16)
+    q, k, v = (torch.randn(1, 33, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    sink = torch.randn(4, device="cuda", requires_grad=True)
+    out = flash_attn2.flash_attn_func(q, k, v, learnable_sink=sink)
+    assert out.grad_fn.name() == "FlashAttnBackward" and len(out.grad_fn.next_functions) == 4
