@@ -195,6 +195,9 @@ std::string fwd_params_problem(const FwdParams& p) {
     return "batch must be >= 0 and num_heads a positive multiple of num_heads_k > 0";
   }
   if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return "head_dim must be a multiple of 8 in 8..256";
+  if (p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
+    return "head_dim_v other than head_dim is not served yet (pad v to q's head dim)";
+  }
   // Both paths move 16-byte vectors (cp.async, TMA): every base 16-byte aligned, strides whole vectors.
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)}) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0) return "q, k, v and out must be 16-byte aligned";

@@ -15,7 +15,7 @@
 #include <cuda_runtime_api.h>
 
 // Bumped whenever FwdParams or BwdParams change; a caller compiled against another header is refused.
-#define FLASH_ATTN2_PARAMS_VERSION 10
+#define FLASH_ATTN2_PARAMS_VERSION 11
 
 namespace flash_attn2 {
 
@@ -137,6 +137,11 @@ struct FwdParams {
   const int* page_table = nullptr;
   int64_t page_table_batch_stride = 0;
   int page_size = 0, num_pages = 0;
+
+  // V's and out's head dim where it differs from q's and k's (MLA: d_v < d_qk), or 0 for head_dim. Not served yet:
+  // run_fwd refuses a nonzero value other than head_dim (the kernels that take two head dims are being built;
+  // flash_attn2's Python API pads the narrower side meanwhile).
+  int head_dim_v = 0;
 };
 
 // Backward pass: dq, dk, dv from dout and the forward's out and lse (all fields of FwdParams, with

@@ -53,7 +53,7 @@ struct FwdEpilogueSm90 {
     const bool release_thread = thread % 128 == 0;  // one arrival per warpgroup on the empty barriers
     auto warpgroup_sync = [&] { named_barrier_sync(128, int(Barrier::kWarpgroupSync0) + warpgroup); };
     Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? smem.o.data() : smem.q.data()),
-                            typename Traits::SmemLayoutQ{});  // (kBlockM, D)
+                            typename Traits::SmemLayoutO{});  // (kBlockM, D_v)
     constexpr int kRows = decltype(size<0>(tScS))::value;
 
     const bool tma_store = p.cu_seqlens_q == nullptr;
@@ -86,9 +86,9 @@ struct FwdEpilogueSm90 {
       cutlass::arch::fence_view_async_shared();  // the slab's writes, visible to the TMA unit
       warpgroup_sync();
       if (release_thread) {
-        Tensor mO = args.tma_o.get_tma_tensor(tma_shape<true>(p));  // (rows, D, heads, batch) coordinates
-        Tensor gO = local_tile(mO(_, _, bidh, bidb), typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, m)
-        Tensor sO_slabs = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
+        Tensor mO = args.tma_o.get_tma_tensor(tma_shape<true>(p, Traits::head_dim_v(p)));  // (rows, D_v, heads, batch)
+        Tensor gO = local_tile(mO(_, _, bidh, bidb), typename Traits::TileOWarpgroup{}, make_coord(_, _0{}));  // (64, D_v, m)
+        Tensor sO_slabs = local_tile(sO, typename Traits::TileOWarpgroup{}, make_coord(_, _0{}));  // (64, D_v, kGroups)
         auto tO = tma_partition(args.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO_slabs), group_modes<0, 2>(gO));
         copy(args.tma_o, get<1>(tO)(_, warpgroup), get<0>(tO)(_, m_block * kGroups + warpgroup));
         tma_store_arrive();
@@ -97,8 +97,8 @@ struct FwdEpilogueSm90 {
       warpgroup_sync();
       const int row0 = m_block * kBlockM + warpgroup * 64;  // this warpgroup's slab
       Element* out = out_rows(p, seq, bidb, bidh, row0);
-      Tensor sOw = local_tile(sO, typename Traits::TileQWarpgroup{}, make_coord(warpgroup, _0{}));  // (64, D)
-      store_rows(sOw, out, p.o_row_stride, rows_left - warpgroup * 64, p.head_dim, thread % 128, 128);
+      Tensor sOw = local_tile(sO, typename Traits::TileOWarpgroup{}, make_coord(warpgroup, _0{}));  // (64, D_v)
+      store_rows(sOw, out, p.o_row_stride, rows_left - warpgroup * 64, Traits::head_dim_v(p), thread % 128, 128);
     }
     if constexpr (!Traits::kSeparateO) {  // the slab is Q's: free once read
       if (tma_store) {
@@ -114,7 +114,7 @@ struct FwdEpilogueSm90 {
   // already hold the next tile's Q).
   __device__ static __forceinline__ void store_zero(const FwdParams& p, const SeqlenInfo& seq, int bidb, int bidh, int m_block,
                                     int thread) {
-    constexpr int kVecsPerRow = Traits::kHeadDim / 8;
+    constexpr int kVecsPerRow = Traits::kHeadDimV / 8;
     const int rows_left = seq.len_q - m_block * kBlockM;
     Element* out = static_cast<Element*>(p.out) + seq.offset_q(p.o_batch_stride, p.o_row_stride, bidb) +
                    bidh * p.o_head_stride + int64_t(m_block) * kBlockM * p.o_row_stride;
@@ -124,7 +124,7 @@ struct FwdEpilogueSm90 {
     // otherwise, and the d 64 forward ran 1-3% slower (TUNING 114).
     for (int i = thread; i < kBlockM * kVecsPerRow; i += Traits::kConsumerThreads) {
       const int row = i / kVecsPerRow, col = i % kVecsPerRow * 8;
-      if (row < rows_left && col < p.head_dim) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
+      if (row < rows_left && col < Traits::head_dim_v(p)) *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) = uint4{0, 0, 0, 0};
       if (row < rows_left && col == 0) lse[row] = sink;
     }
   }

@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       if (p.cu_seqlens_q != nullptr && tile.owns_slot) {  // rows outside every sequence, shared by the head's slots
         const UncoveredRows uncovered(p.cu_seqlens_q, p.batch, p.total_q);
         uncovered.zero_fill(static_cast<typename Traits::Element*>(p.out) + tile.bidh * p.o_head_stride,
-                            p.o_row_stride, p.head_dim, p.lse + tile.bidh * p.lse_head_stride,
+                            p.o_row_stride, Traits::head_dim_v(p), p.lse + tile.bidh * p.lse_head_stride,
                             int64_t(tile.rank) * Traits::kConsumerThreads + thread,
                             int64_t(tile.ranks) * Traits::kConsumerThreads);
       }

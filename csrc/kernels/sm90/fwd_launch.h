@@ -24,21 +24,24 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes, plan.device)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
+  const auto shape_v = sm90::tma_shape<false>(p, Traits::head_dim_v(p));
+  const auto shape_o = sm90::tma_shape<true>(p, Traits::head_dim_v(p));
   sm90::tma_encode_failed = false;
   using cute::SM90_TMA_LOAD, cute::SM90_TMA_STORE;
-  const auto smem_kv = cute::take<0, 2>(typename Traits::SmemLayoutKV{});
+  const auto smem_k = cute::take<0, 2>(typename Traits::SmemLayoutKV{});
+  const auto smem_v = cute::take<0, 2>(typename Traits::SmemLayoutV{});
   FwdArgsSm90<Traits> args{
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.q, shape_q, p.q_row_stride, p.q_head_stride,
                                                     p.q_batch_stride, typename Traits::SmemLayoutQWarpgroup{},
                                                     typename Traits::TileQWarpgroup{}),
       sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.k, shape_k, p.k_row_stride, p.k_head_stride,
-                                                     p.k_batch_stride, smem_kv, typename Traits::TileKV{}),
-      sm90::make_tma<Traits, typename Traits::TmaKV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
-                                                     p.v_batch_stride, smem_kv, typename Traits::TileKV{}),
-      sm90::make_tma<Traits, typename Traits::TmaO>(SM90_TMA_STORE{}, p.out, shape_q, p.o_row_stride, p.o_head_stride,
-                                                    p.o_batch_stride, typename Traits::SmemLayoutQWarpgroup{},
-                                                    typename Traits::TileQWarpgroup{}),
+                                                     p.k_batch_stride, smem_k, typename Traits::TileKV{}),
+      sm90::make_tma<Traits, typename Traits::TmaV>(SM90_TMA_LOAD{}, p.v, shape_v, p.v_row_stride, p.v_head_stride,
+                                                    p.v_batch_stride, smem_v, typename Traits::TileV{}),
+      sm90::make_tma<Traits, typename Traits::TmaO>(SM90_TMA_STORE{}, p.out, shape_o, p.o_row_stride, p.o_head_stride,
+                                                    p.o_batch_stride, typename Traits::SmemLayoutOWarpgroup{},
+                                                    typename Traits::TileOWarpgroup{}),
       false,
       {},
       nullptr,
@@ -59,7 +62,8 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
     // serves the group). 32 MB sections ran d 128 causal 16k at 0.90x the one-block-per-tile grid.
     const int group = p.num_heads / p.num_heads_k;
     const int num_m_blocks = int((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
-    const int64_t kv_bytes = int64_t(p.seqlen_k) * p.head_dim * 2 * int(sizeof(typename Traits::Element)) / group;
+    const int64_t kv_bytes =
+        int64_t(p.seqlen_k) * (p.head_dim + Traits::head_dim_v(p)) * int(sizeof(typename Traits::Element)) / group;
     const int64_t by_l2 = (int64_t(16) << 20) / (kv_bytes > 0 ? kv_bytes : 1);
     const int64_t by_waves = (2 * int64_t(grid) + num_m_blocks - 1) / num_m_blocks;
     // At least a wave of tiles per section: the fixed order gives a block no tile in a section smaller

@@ -52,18 +52,18 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const int bidh_k = bidh / (p.num_heads / p.num_heads_k);
   Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));   // (rows, D, heads, batch) coordinates
   Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
-  Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
+  Tensor mV = args.tma_v.get_tma_tensor(tma_shape<false>(p, Traits::head_dim_v(p)));  // (rows, D_v, heads_k, batch)
   Tensor gQ = local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), mQ(_, _, bidh, batch_index)),
                          typename Traits::TileQWarpgroup{},
                          make_coord(_, _0{}));  // (64, D, m) slabs of 64 rows; the tile's from m_block * kGroups
   Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
                          typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
   Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
-                         typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
+                         typename Traits::TileV{}, make_coord(_, _0{}));  // (kBlockN, D_v, n)
   Tensor sQ = local_tile(make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{}),
                          typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});  // (kBlockN, D, stages)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});  // (kBlockN, D_v, stages)
   auto tQ = tma_partition(args.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
   Tensor tQgQ = get<0>(tQ);  // (TMA, m) coordinates in q
   Tensor tQsQ = get<1>(tQ);  // (TMA, kGroups)
@@ -77,16 +77,19 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // A fresh barrier counts as having completed the phase before 0, so the first waits on "empty" pass.
   // K or V block n_block into the current stage, behind that tensor's empty / full barriers. K and V are read
   // by the (batch, head)'s other tiles too: kept in L2 first; Q once: evicted first.
-  auto load_kv = [&](const auto& tma, const auto& tXgX, const auto& tXsX, uint64_t* full, uint64_t* empty, int n_block) {
+  auto load_kv = [&](const auto& tma, const auto& tXgX, const auto& tXsX, uint64_t* full, uint64_t* empty, int n_block,
+                     uint32_t bytes) {
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) {
-      barrier_expect_tx(&full[state.stage], Traits::kKVBytes);
+      barrier_expect_tx(&full[state.stage], bytes);
       copy(tma.with(full[state.stage], 0, TMA::CacheHintSm90::EVICT_LAST), tXgX(_, n_block), tXsX(_, state.stage));
     }
   };
-  auto load_k = [&](int n_block) { load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block); };
+  auto load_k = [&](int n_block) {
+    load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block, Traits::kKVBytes);
+  };
   auto load_v = [&](int n_block) {
-    load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block);
+    load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block, Traits::kVBytes);
     state.template advance<Traits::kStages>();
   };
   // The loads below wait for this tile's stages and slabs to free up; until then the tile's first bytes
@@ -135,8 +138,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   const int warpgroup = __shfl_sync(0xffffffff, thread / 128, 0);  // warp-uniform: a uniform register
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});    // (kBlockM, D)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
-  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D, kBlockN, stages)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});   // (kBlockN, D, stages)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});  // (D_v, kBlockN, stages)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutV{});    // (kBlockN, D_v, stages)
   // O and the LSE leave through this warpgroup's slab of shared memory (after the mainloop).
   const FwdEpilogueSm90<Traits> epilogue{args, smem, seq, bidb, bidh, m_block, thread, warpgroup};
 
@@ -146,8 +149,8 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   auto thr_o = mma_o.get_thread_slice(thread);
   Tensor tSrQ = thr_s.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) descriptors of this warpgroup's slab
   Tensor tSrK = thr_s.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
-  Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
-  Tensor acc_o = partition_fragment_C(mma_o, typename Traits::TileQ{});  // ((2, 2, D / 8), MMA_M, MMA_D)
+  Tensor tOrVt = thr_o.partition_fragment_B(sVt);  // (MMA, MMA_D_v, MMA_N, stages)
+  Tensor acc_o = partition_fragment_C(mma_o, typename Traits::TileO{});  // ((2, 2, D_v / 8), MMA_M, MMA_D_v)
   clear(acc_o);
 
   Tensor tScS = rowcol_view(thr_s.partition_C(make_identity_tensor(typename Traits::TileS{})));  // (rows, cols) -> tile coords

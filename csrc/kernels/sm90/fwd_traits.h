@@ -20,10 +20,22 @@
 
 namespace flash_attn2 {
 
-template <int kHeadDim_, typename Element_, class Tile>
+// kHeadDimV_: V's and O's head dim where it differs from Q's and K's (MLA's d_v < d_qk); the default, the same,
+// gives the same types as a traits without it.
+template <int kHeadDim_, typename Element_, class Tile, int kHeadDimV_ = kHeadDim_>
 struct FwdTraitsSm90 {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = Tile::kBlockM, kBlockN = Tile::kBlockN;
+  static constexpr int kHeadDimV = kHeadDimV_;
+  static constexpr bool kSameHeadDims = kHeadDimV == kHeadDim;
+  // The call's head dim of V and O (FwdParams::head_dim_v; 0: q's), read only where the dims differ.
+  __host__ __device__ static int head_dim_v(const FwdParams& p) {
+    if constexpr (kSameHeadDims) {
+      return p.head_dim;
+    } else {
+      return p.head_dim_v > 0 ? p.head_dim_v : p.head_dim;
+    }
+  }
   static constexpr int kStages = Tile::kStages;
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -31,7 +43,7 @@ struct FwdTraitsSm90 {
   // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the 64K.
   static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
-  static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0);
+  static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
   static_assert(kConsumerWarpgroups <= 3, "named barrier ids: two per consumer warpgroup");
   // The consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the others': +5-10%
   // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128, where it measured 3-4% slower
@@ -40,7 +52,10 @@ struct FwdTraitsSm90 {
 
   using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
   using TileQWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDim>>;  // one consumer warpgroup's rows
-  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;   // K's tile
+  using TileV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>>;
+  using TileO = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimV>>;
+  using TileOWarpgroup = cute::Shape<cute::_64, cute::Int<kHeadDimV>>;  // one consumer warpgroup's rows of O
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>;
   // One 64-row wgmma atom per consumer warpgroup, stacked along M.
   using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
@@ -48,16 +63,18 @@ struct FwdTraitsSm90 {
       cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
       AtomLayout{}));
   using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDimV>, cute::Int<kBlockN>>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayout{}));
   static_assert(cute::tile_size<1>(TiledMmaS{}) == kBlockN, "S = Q K^T must be one wgmma wide (N = kBlockN)");
-  static_assert(cute::tile_size<1>(TiledMmaO{}) == kHeadDim, "O += P V must be one wgmma wide (N = head dim)");
+  static_assert(cute::tile_size<1>(TiledMmaO{}) == kHeadDimV, "O += P V must be one wgmma wide (N = V's head dim)");
 
   // Rows of head_dim elements, K-major for S = Q K^T: 128-byte swizzle when head_dim is a multiple of 64,
   // else 64-byte. V keeps K's layout; O += P V reads it as the MN-major (D, kBlockN) operand.
   using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
                                       cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemAtomV = std::conditional_t<kHeadDimV % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                       cute::GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, TileQ{}));
   // One consumer warpgroup's 64 rows of Q (at offset 64 * warpgroup rows): each has its own TMA load and
   // barriers, so a warpgroup's next Q loads as soon as it is done with its last S = Q K^T. Each 64-column
@@ -67,9 +84,15 @@ struct FwdTraitsSm90 {
       SmemLayoutQ{}, cute::Layout<TileQWarpgroup, cute::Stride<cute::_1, cute::Int<kBlockM>>>{}));
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+  using SmemLayoutV = decltype(cute::tile_to_shape(
+      SmemAtomV{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>, cute::Int<kStages>>{}));
   using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
-                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+      SmemLayoutV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDimV>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // O staged in shared memory (over Q, or in its own buffer) before its store: Q's layout at V's head dim.
+  using SmemLayoutO = decltype(cute::tile_to_shape(SmemAtomV{}, TileO{}));
+  using SmemLayoutOWarpgroup = decltype(cute::composition(
+      SmemLayoutO{}, cute::Layout<TileOWarpgroup, cute::Stride<cute::_1, cute::Int<kBlockM>>>{}));
 
   // TMA descriptors over (rows, head_dim, heads, batch) views; varlen uses batch 1 and row offsets.
   using GmemLayout = cute::Layout<cute::Shape<int, int, int, int>, cute::Stride<int64_t, cute::_1, int64_t, int64_t>>;
@@ -78,11 +101,14 @@ struct FwdTraitsSm90 {
                                             TileQWarpgroup{}, cute::_1{}));
   using TmaKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
                                              cute::take<0, 2>(SmemLayoutKV{}), TileKV{}, cute::_1{}));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemTensor{},
+                                            cute::take<0, 2>(SmemLayoutV{}), TileV{}, cute::_1{}));
   // O leaves per warpgroup slab too: staged in shared memory, stored by TMA (fixed-length batches).
-  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutQWarpgroup{},
-                                            TileQWarpgroup{}, cute::_1{}));
+  using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpgroup{},
+                                            TileOWarpgroup{}, cute::_1{}));
   static constexpr uint32_t kQBytes = 64 * kHeadDim * sizeof(Element);  // one warpgroup's slab
-  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // a block of K
+  static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
 
   // Fixed-length grids are persistent (the next tile's loads overlap this one's epilogue), but for causal
   // above this seqlen_q, where one block per tile in hardware order measured faster (d 256 causal 8k / 16k:
@@ -92,14 +118,16 @@ struct FwdTraitsSm90 {
   static constexpr int kPersistentCausalMaxStatic = kPersistentCausalMax < 8192 ? kPersistentCausalMax : 8192;
   // O gets its own buffer where it fits, so the next tile's Q can load during this tile's epilogue;
   // else it is staged over Q.
-  static constexpr int kTileBytes = int(sizeof(Element)) * (2 * cute::cosize_v<SmemLayoutQ> + 2 * cute::cosize_v<SmemLayoutKV>);
+  static constexpr int kTileBytes = int(sizeof(Element)) * (cute::cosize_v<SmemLayoutQ> + cute::cosize_v<SmemLayoutO> +
+                                                            cute::cosize_v<SmemLayoutKV> + cute::cosize_v<SmemLayoutV>);
   static constexpr bool kSeparateO = kTileBytes + 2048 <= 227 * 1024;
+  static_assert(kSeparateO || cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O staged over Q must fit");
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
-    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
-    cute::array_aligned<Element, kSeparateO ? cute::cosize_v<SmemLayoutQ> : 8, 1024> o;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> v;
+    cute::array_aligned<Element, kSeparateO ? cute::cosize_v<SmemLayoutO> : 8, 1024> o;
     // Per consumer warpgroup: its Q slab landed; the slab (and O staged over it) no longer read.
     uint64_t q_full[kConsumerWarpgroups], q_empty[kConsumerWarpgroups];
     uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
@@ -118,7 +146,8 @@ template <class Traits>
 struct FwdArgsSm90 {
   FwdParams params;
   typename Traits::TmaQ tma_q;
-  typename Traits::TmaKV tma_k, tma_v;
+  typename Traits::TmaKV tma_k;
+  typename Traits::TmaV tma_v;
   typename Traits::TmaO tma_o;  // fixed length only: varlen rows past a sequence belong to the next one
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder<> causal_tiles;

@@ -58,13 +58,18 @@ inline CUresult call_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataTyp
 
 namespace flash_attn2::sm90 {
 
-// The (rows, head_dim, heads, batch) extents of the q-side (kIsQ) or k-side tensors' descriptors.
+// The (rows, head_dim, heads, batch) extents of the q-side (kIsQ) or k-side tensors' descriptors; head_dim V's and
+// O's where it differs from q's (FwdTraitsSm90::head_dim_v).
 template <bool kIsQ>
-__host__ __device__ inline auto tma_shape(const FwdParams& p) {
+__host__ __device__ inline auto tma_shape(const FwdParams& p, int head_dim) {
   const bool varlen = p.cu_seqlens_q != nullptr;
   const int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
-  return cute::make_shape(int(rows > 0 ? rows : 1), p.head_dim, kIsQ ? p.num_heads : p.num_heads_k,
+  return cute::make_shape(int(rows > 0 ? rows : 1), head_dim, kIsQ ? p.num_heads : p.num_heads_k,
                           varlen ? 1 : (p.batch > 0 ? p.batch : 1));
+}
+template <bool kIsQ>
+__host__ __device__ inline auto tma_shape(const FwdParams& p) {
+  return tma_shape<kIsQ>(p, p.head_dim);
 }
 
 // A TMA descriptor over one of q / k / v as (rows, head_dim, heads, batch). Varlen tensors are one packed
