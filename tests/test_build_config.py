@@ -137,3 +137,14 @@ def test_debug_hang_knob():
     assert cfg.debug_flags({"FLASH_ATTN2_DEBUG_HANG": "2000000000"}) == ["-DFLASH_ATTN2_DEBUG_HANG=2000000000"]
     with pytest.raises(ValueError, match="FLASH_ATTN2_DEBUG_HANG: '1s' is not a cycle count"):
         cfg.debug_flags({"FLASH_ATTN2_DEBUG_HANG": "1s"})
+
+
+def test_every_subpackage_is_packaged():
+    """pyproject.toml lists the packages a wheel holds: every directory of flash_attn2 with an __init__.py must be
+    among them (flash_attn2.distributed was missing from wheels once, while the tree's tests passed)."""
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {os.path.relpath(d, ROOT).replace(os.sep, ".") for d, _, files in os.walk(os.path.join(ROOT, "flash_attn2"))
+             if "__init__.py" in files}
+    assert found <= listed, sorted(found - listed)
