@@ -11,6 +11,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 GPU_REASON = "needs a CUDA GPU: the kernel tests run on the GPU machine (README), not on CPU-only CI"
 
 
+def pytest_configure(config):
+    # Also in pyproject.toml; registered here too for tests run from a copy of tests/ without it (the GPU scripts).
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU and the built kernels")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -143,6 +143,8 @@ def test_every_subpackage_is_packaged():
     """pyproject.toml lists the packages a wheel holds: every directory of flash_attn2 with an __init__.py must be
     among them (flash_attn2.distributed was missing from wheels once, while the tree's tests passed)."""
     import tomllib
+    if not os.path.exists(os.path.join(ROOT, "pyproject.toml")):
+        pytest.skip("tests copied away from the source tree (no pyproject.toml beside them)")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
     found = {os.path.relpath(d, ROOT).replace(os.sep, ".") for d, _, files in os.walk(os.path.join(ROOT, "flash_attn2"))

@@ -86,10 +86,30 @@ def test_flash_attn_func_with_sink(dtype, sink_dtype, causal, window, softcap, s
     ok, err, err_pt = within_tolerance(out, ref, lowp)
     assert ok, f"out error {err} vs PyTorch's {err_pt}"
     assert max_error(lse, ref_lse) <= 1e-3
-    for name, g, r, p in zip(("dq", "dk", "dv", "dsink"), grads, ref_grads, lowp_grads):
-        assert g.dtype == (sink_dtype if name == "dsink" else dtype)
-        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-3 if name == "dsink" else 1e-4)
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, lowp_grads):
+        assert g.dtype == dtype
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
         assert ok, f"{name} error {err} vs PyTorch's {err_pt}"
+    check_dsink(grads[3], ref_grads[3], lowp_grads[3], sink, ref_lse, dout, out)
+
+
+def check_dsink(dsink, ref, lowp, sink, lse, dout, out):
+    """dsink = -sum_rows exp(sink - lse) D, D = rowsum(dout o out) from the stored (fp16 / bf16) out, as every flash
+    backward takes it: rounding out moves D by ~2^-9 relative over d terms, where PyTorch's bf16 autograd sums p dp
+    over the keys, so this part of the error can exceed twice PyTorch's (3x at sk 513, d 64 on an H200). The bound
+    is FA4's (check_dsink_vs_ref: 2x PyTorch's error + 2 ulps of the sink's dtype) plus that rounding's own effect,
+    measured in float32; and dsink from the stored out is checked tightly."""
+    assert dsink.dtype == sink.dtype
+    d = (dout.float() * out.float()).sum(-1).transpose(1, 2)  # (b, h, sq), from the stored out
+    from_stored = -(torch.exp(sink.detach().float().view(1, -1, 1) - lse) * d).sum((0, 2))
+    r = ref.detach().abs().to(sink.dtype)  # ulps of the sink's dtype
+    ulp = (torch.nextafter(r, torch.full_like(r, math.inf)) - r).float()
+    err, err_pt = (dsink.float() - ref.float()).abs(), (lowp.float() - ref.float()).abs().max()
+    rounding = (from_stored - ref.float()).abs()
+    assert torch.all(err <= 2 * err_pt + 2 * ulp + rounding + 1e-4), f"dsink error {err} vs PyTorch's {err_pt}, " \
+        f"out's rounding {rounding}"
+    tight = (dsink.float() - from_stored).abs()
+    assert torch.all(tight <= 2e-3 * from_stored.abs() + 2 * ulp + 1e-4), f"dsink vs from the stored out: {tight}"
 
 
 @pytest.mark.gpu

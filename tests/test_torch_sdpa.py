@@ -230,7 +230,9 @@ def test_hf_llama_on_sdpa_trains_like_flash_attn2(active):
     if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
         pytest.skip("head dim 64 bf16 not compiled")
     import copy
-    import flash_attn2.integrations.transformers  # noqa: F401  (registers "flash_attn2")
+    import importlib
+    importlib.import_module("flash_attn2.integrations.transformers")  # registers "flash_attn2" (an `import
+    # flash_attn2.…` here would make flash_attn2 a local name, unbound at the head-dim check above)
     config = transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
                                       num_key_value_heads=2, head_dim=64, vocab_size=1000)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").cuda().to(torch.bfloat16)
