@@ -245,14 +245,23 @@ def test_signatures_match_flash_attn():
 @pytest.mark.gpu
 def test_forward_backend_knob(monkeypatch):
     """FLASH_ATTN2_BACKEND picks the path per call; a path this build or GPU cannot serve raises
-    NotImplementedError naming the knob, a bad value RuntimeError; every path computes the same output."""
+    NotImplementedError naming the knob, a bad value RuntimeError; every path computes the same output.
+    Decode-shaped calls run the split-KV kernel, which both paths share, under any valid value."""
     dtype = torch.bfloat16 if flash_attn2.compiled_head_dims(torch.bfloat16) else torch.float16
     head_dim = flash_attn2.compiled_head_dims(dtype)[0]
-    q, k, v = (torch.randn(2, 17, 2, head_dim, device="cuda", dtype=dtype) for _ in range(3))
+    # 97 query rows: more than the split-KV kernel's 64-row tile, so the training kernels serve it
+    q, k, v = (torch.randn(2, 97, 2, head_dim, device="cuda", dtype=dtype) for _ in range(3))
     default = flash_attn2.flash_attn_func(q, k, v, causal=True)
+    decode_q = q[:, :1].contiguous()
+    decode = flash_attn2.flash_attn_func(decode_q, k, v)
     monkeypatch.setenv("FLASH_ATTN2_BACKEND", "bogus")
     with pytest.raises(RuntimeError, match="FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got 'bogus'"):
         flash_attn2.flash_attn_func(q, k, v)
+    with pytest.raises(RuntimeError, match="FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got 'bogus'"):
+        flash_attn2.flash_attn_func(decode_q, k, v)
+    for backend in ("sm80", "sm90"):  # the shared split-KV kernel: the same bits under either
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)
+        assert torch.equal(flash_attn2.flash_attn_func(decode_q, k, v), decode)
     sm90_served = torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
     for backend in ("sm80", "sm90", "auto"):
         monkeypatch.setenv("FLASH_ATTN2_BACKEND", backend)

@@ -26,7 +26,7 @@ def _worker(rank, world, store_path, results):
 
     import flash_attn2
     from flash_attn2.distributed import ring
-    from flash_attn2.testing import attention_ref, max_error
+    from flash_attn2.testing import max_error
 
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0"
     torch.cuda.set_device(rank)
@@ -52,14 +52,10 @@ def _worker(rank, world, store_path, results):
                         qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
                         single = flash_attn2.flash_attn_func(qs, ks, vs, causal=causal)
                         single_grads = torch.autograd.grad(single, (qs, ks, vs), dout)
-                        leaves = [t.float().requires_grad_() for t in (q, k, v)]
-                        ref = attention_ref(*leaves, causal)[0]
-                        ref_grads = torch.autograd.grad(ref, leaves, dout.float())
-                        ok = True
-                        for ours, one, r, atol in ((out, single, ref, 1e-3),
-                                                   *zip(grads, single_grads, ref_grads, (1e-3,) * 3)):
-                            ok &= max_error(ours, shard(r)) <= 2 * max_error(one, r) + atol
-                        results[(rank, layout, causal, heads_k, d, str(dtype))] = ok
+                        ref, ref_grads = _with_grads(q, k, v, dout, causal, upcast=True)
+                        lowp, lowp_grads = _with_grads(q, k, v, dout, causal, upcast=False)
+                        results[(rank, layout, causal, heads_k, d, str(dtype))] = _rule(
+                            (out, *grads), (single, *single_grads), (lowp, *lowp_grads), (ref, *ref_grads), shard)
                         i += 1
         # Packed documents: the all-gather form (causal, with and without a window) and the zigzag ring.
         from flash_attn2.distributed import llama3, ring_varlen
@@ -93,6 +89,29 @@ def _worker(rank, world, store_path, results):
         _torch_context_parallel(rank, world, results)
     finally:
         dist.destroy_process_group()
+
+
+def _with_grads(q, k, v, dout, causal, upcast):
+    """attention_ref's out and (dq, dk, dv): float32 (upcast), or PyTorch's own low-precision attention."""
+    from flash_attn2.testing import attention_ref
+    leaves = [(t.float() if upcast else t.clone()).requires_grad_() for t in (q, k, v)]
+    out = attention_ref(*leaves, causal, upcast=upcast)[0]
+    return out, torch.autograd.grad(out, leaves, dout.float() if upcast else dout)
+
+
+def _rule(ring, single, lowp, ref, shard, atol=1e-3):
+    """(ok, detail) for out, dq, dk, dv: the ring's error against the float32 reference at most 2x the larger of
+    single-GPU flash_attn2's and PyTorch's low-precision attention's, plus atol. A ring sums per-step dq / dk / dv
+    that the kernels hand back rounded to bf16 / fp16 (ring-flash-attn does the same), so against the single
+    call's one rounding alone it may exceed 2x (seen: 2 H200s, contiguous causal, GQA, d 128, bf16; the peer too);
+    the project's rule is PyTorch's low-precision error."""
+    from flash_attn2.testing import max_error
+    ok, detail = True, []
+    for name, ours, one, pt, r in zip(("out", "dq", "dk", "dv"), ring, single, lowp, ref):
+        err, err_one, err_pt = max_error(ours, shard(r)), max_error(one, r), max_error(pt, r)
+        ok &= err <= 2 * max(err_one, err_pt) + atol
+        detail.append(f"{name} {err:.2e} (single {err_one:.2e}, pytorch {err_pt:.2e})")
+    return ok, "; ".join(detail)
 
 
 def _zigzag_inputs(rank, world, seed, heads=8, heads_k=2, d=128, dtype=torch.bfloat16):
@@ -136,7 +155,6 @@ def _peer(rank, world, results):
         return
     import flash_attn2
     from flash_attn2.distributed import ring
-    from flash_attn2.testing import attention_ref, max_error
     (q, k, v, dout), (ql, kl, vl, dl) = _zigzag_inputs(rank, world, 2000)
     leaves = [t.clone().requires_grad_() for t in (ql, kl, vl)]
     out = zigzag_ring_flash_attn_func(*leaves, causal=True)
@@ -144,13 +162,10 @@ def _peer(rank, world, results):
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     single = flash_attn2.flash_attn_func(*full, causal=True)
     single_grads = torch.autograd.grad(single, full, dout)
-    ref_leaves = [t.float().requires_grad_() for t in (q, k, v)]
-    ref = attention_ref(*ref_leaves, True)[0]
-    ref_grads = torch.autograd.grad(ref, ref_leaves, dout.float())
-    ok = True
-    for ours, one, r in ((out, single, ref), *zip(grads, single_grads, ref_grads)):
-        ok &= max_error(ours, ring.zigzag_shard(r, rank, world)) <= 2 * max_error(one, r) + 1e-3
-    results[(rank, "peer")] = ok
+    ref, ref_grads = _with_grads(q, k, v, dout, True, upcast=True)
+    lowp, lowp_grads = _with_grads(q, k, v, dout, True, upcast=False)
+    results[(rank, "peer")] = _rule((out, *grads), (single, *single_grads), (lowp, *lowp_grads), (ref, *ref_grads),
+                                    lambda t: ring.zigzag_shard(t, rank, world))
 
 
 def _torch_context_parallel(rank, world, results):
@@ -208,6 +223,7 @@ def test_ring_nccl(world):
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), results), nprocs=world, join=True)
-        failed = [key for key, ok in results.items() if not ok]
+        failed = [(key, value) for key, value in results.items()
+                  if not (value[0] if isinstance(value, tuple) else value)]
         count = len(results)
     assert count == world * (3 * 2 * 2 * 2 * 2 + 3 + 4) and not failed, failed
