@@ -75,17 +75,19 @@ def comm_only(k, v, world, backward):
     """The ring's transfers alone, in its order: K + V around (world - 1 hops); with the backward, K + V around again
     and the fp32 dK / dV sums world hops."""
     comm = ring.RingComm(None)
-    kv = ring._pack(k, v)
-    spare = torch.empty_like(kv)
+    kv = ring.KVRing(comm, k, v)
     for _ in range(world - 1):
-        kv, spare = ring._wait(comm.exchange(kv, spare)), kv
+        kv.start_hop()
+        kv.finish_hop()
     if backward:
+        kv = ring.KVRing(comm, k, v)
         sums = torch.zeros(2 * k.numel(), dtype=torch.float32, device=k.device)
         for step in range(world):
-            pending = comm.exchange(kv, spare, tag=0) if step + 1 < world else None
+            if step + 1 < world:
+                kv.start_hop()
             sums = ring._wait(comm.exchange(sums, tag=1))
-            if pending is not None:
-                kv, spare = ring._wait(pending), kv
+            if kv.pending is not None:
+                kv.finish_hop()
 
 
 def merge_only(q, k, world, rank, backward, blocks):

@@ -44,6 +44,13 @@ inline cudaError_t current_device_info(DeviceInfo* info) {
     const long forced = std::strtol(env, nullptr, 10);
     if (forced > 0 && forced < info->tile_smem_limit) info->tile_smem_limit = int(forced);
   }
+  // FLASH_ATTN2_SM_MARGIN=n (read on every call; FA3's sm_margin): grids and heuristics see n SMs fewer, left to
+  // other streams' kernels. A context-parallel ring's NCCL transfer queued beside a persistent Hopper kernel (a
+  // block per SM until it ends) finds no SM otherwise, and the peer rank's transfer waits on it.
+  if (const char* env = std::getenv("FLASH_ATTN2_SM_MARGIN")) {
+    const long margin = std::strtol(env, nullptr, 10);
+    if (margin > 0) info->num_sms = int(std::max<long>(1, info->num_sms - margin));
+  }
   return cudaSuccess;
 }
 

@@ -1,8 +1,8 @@
 """Ring attention over torch.distributed: ring-flash-attn 0.1.8's functions on flash_attn2's kernels.
 
 Each rank holds its shard of q, k, v (the layout's tokens: contiguous, zigzag or stripe; `zigzag_shard` /
-`stripe_shard` make them) and gets its shard of the output. K and V travel around the ring packed in one buffer,
-the next hop's exchange in flight while this step's blocks (the shared schedule, `_schedule.ring_tasks`) run; the
+`stripe_shard` make them) and gets its shard of the output. K and V travel around the ring (`KVRing`: the caller's
+tensors on the first hop, no copy ahead of it), the next hop's exchange in flight while this step's blocks (the shared schedule, `_schedule.ring_tasks`) run; the
 partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K and V and carries each block's dK / dV
 sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32 and come back in the inputs' dtype.
 GQA rotates the kv heads only.
@@ -81,20 +81,53 @@ class RingComm:
             (self.rank - 1) % self.world
         self._started = False
 
-    def exchange(self, send: torch.Tensor, recv: torch.Tensor | None = None, tag: int = 0):
-        """Starts sending `send` on and receiving the previous rank's into `recv` (a new buffer if None); returns
-        (receive buffer, requests). Exchanges in flight together use distinct tags (gloo matches by tag; every rank
-        posts them in the same order)."""
+    def exchange(self, send, recv=None, tag: int = 0):
+        """Starts sending `send` (a tensor, or a tuple of them) on and receiving the previous rank's into `recv` (new
+        buffers if None); returns (receive buffer(s), requests). Exchanges in flight together use distinct tags (gloo
+        matches by tag; every rank posts them in the same order): tensor i of a tuple goes with tag + 2 i."""
         if not self._started:
             name = self.group.group_name if self.group is not None else "default"
             if name not in _BARRIER_DONE:
                 dist.barrier(group=self.group)
                 _BARRIER_DONE.add(name)
             self._started = True
-        recv = torch.empty_like(send) if recv is None else recv
-        ops = [dist.P2POp(dist.isend, send, self.next, self.group, tag),
-               dist.P2POp(dist.irecv, recv, self.prev, self.group, tag)]
-        return recv, dist.batch_isend_irecv(ops)
+        single = isinstance(send, torch.Tensor)
+        sends = (send,) if single else tuple(send)
+        recvs = tuple(torch.empty_like(t) for t in sends) if recv is None else ((recv,) if single else tuple(recv))
+        ops = []
+        for i, (out, into) in enumerate(zip(sends, recvs)):
+            ops += [dist.P2POp(dist.isend, out, self.next, self.group, tag + 2 * i),
+                    dist.P2POp(dist.irecv, into, self.prev, self.group, tag + 2 * i)]
+        return (recvs[0] if single else recvs), dist.batch_isend_irecv(ops)
+
+
+class KVRing:
+    """K and V going around the ring, one hop per step, the next hop in flight while the step's blocks run.
+
+    The first hop sends the caller's K and V themselves (contiguous ones as they are): nothing is queued on the
+    compute stream ahead of it (a packing copy was), so NCCL's transfer is ready to start before the step's first
+    kernel, which on Hopper is persistent (a block per SM until it ends) and would leave the transfer no SM, while the
+    next rank's transfer waits for it. Later hops receive into two buffers of the call's, alternating: hop h
+    overwrites the block step h - 1 read, whose kernels were queued before it (the exchange orders after them)."""
+
+    def __init__(self, comm: RingComm, k: torch.Tensor, v: torch.Tensor, tag: int = 0):
+        self.comm, self.tag = comm, tag
+        self.kv = (k.contiguous(), v.contiguous())
+        self.buffers: list = []
+        self.pending = None
+        self.hops = 0
+
+    def start_hop(self) -> None:
+        """The previous rank's current block, on its way here (world - 1 hops in all)."""
+        slot = self.hops % 2
+        if slot == len(self.buffers):
+            self.buffers.append(tuple(torch.empty_like(t) for t in self.kv))
+        self.pending = self.comm.exchange(self.kv, self.buffers[slot], self.tag)
+        self.hops += 1
+
+    def finish_hop(self) -> None:
+        self.kv = _wait(self.pending)
+        self.pending = None
 
 
 def _wait(pending):
@@ -150,11 +183,11 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
     first = True  # no block merged yet: out is 0 and lse -inf everywhere
-    kv = _pack(k, v)
-    spare = torch.empty_like(kv) if comm.world > 1 else None  # two buffers, alternating: one sent, one received
+    kv = KVRing(comm, k, v)
     for step in range(comm.world):
-        pending = comm.exchange(kv, spare) if step + 1 < comm.world else None  # the next hop, in flight
-        k_cur, v_cur = _unpack(kv, (k, v))
+        if step + 1 < comm.world:
+            kv.start_hop()  # the next step's block, in flight during this step's
+        k_cur, v_cur = kv.kv
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
             bout, blse = backend.forward(qb, kb, vb, block_causal, scale)
@@ -165,8 +198,8 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
             else:
                 merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
             first = False
-        if pending is not None:
-            kv, spare = _wait(pending), kv
+        if kv.pending is not None:
+            kv.finish_hop()
     return out, lse
 
 
@@ -178,15 +211,15 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
     seqlen = q.shape[1] * comm.world
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = _pack(k, v)
-    spare = torch.empty_like(kv) if comm.world > 1 else None
+    kv = KVRing(comm, k, v)
     sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
     # dK / dV of the held block in one flat fp32 buffer (sent as it is), two alternating: the one sent at step s is
     # done (its exchange waited for) before step s + 2 writes it again.
     flat = [torch.empty(k.numel() + v.numel(), dtype=acc, device=k.device) for _ in range(min(comm.world, 2))]
     for step in range(comm.world):
-        kv_pending = comm.exchange(kv, spare, tag=0) if step + 1 < comm.world else None
-        k_cur, v_cur = _unpack(kv, (k, v))
+        if step + 1 < comm.world:
+            kv.start_hop()
+        k_cur, v_cur = kv.kv
         sums = flat[step % 2].zero_()
         dk, dv = _unpack(sums, (k, v))
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
@@ -204,8 +237,8 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
         if comm.world == 1:  # nothing to send: the sums are this rank's own block's already
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
         sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
-        if kv_pending is not None:
-            kv, spare = _wait(kv_pending), kv
+        if kv.pending is not None:
+            kv.finish_hop()
     dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))  # this rank's own block, from every rank
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
-from .ring import RingComm, _pack, _unpack, _wait, check_ranks_agree
+from .ring import KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree
 
 _CHUNKS = {"contiguous": 1, "zigzag": 2}
 
@@ -43,11 +43,11 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
-    kv = _pack(k, v)
-    spare = torch.empty_like(kv) if comm.world > 1 else None
+    kv = KVRing(comm, k, v)
     for step in range(comm.world):
-        pending = comm.exchange(kv, spare) if step + 1 < comm.world else None
-        k_cur, v_cur = _unpack(kv, (k, v))
+        if step + 1 < comm.world:
+            kv.start_hop()
+        k_cur, v_cur = kv.kv
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
             qi, cu_q, max_q = _select(local_cu, chunks, *task.q, q.device)
             ki, cu_k, max_k = _select(local_cu, chunks, *task.k, q.device)
@@ -58,8 +58,8 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
             o, l = out[qi].unsqueeze(0), lse[:, qi].unsqueeze(0)
             merge_partial(o, l, bout.unsqueeze(0), blse.unsqueeze(0))
             out[qi], lse[:, qi] = o[0], l[0]
-        if pending is not None:
-            kv, spare = _wait(pending), kv
+        if kv.pending is not None:
+            kv.finish_hop()
     return out, lse
 
 
@@ -69,12 +69,12 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
     chunks = _CHUNKS[layout]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = _pack(k, v)
-    spare = torch.empty_like(kv) if comm.world > 1 else None
+    kv = KVRing(comm, k, v)
     sums_in = None
     for step in range(comm.world):
-        kv_pending = comm.exchange(kv, spare, tag=0) if step + 1 < comm.world else None
-        k_cur, v_cur = _unpack(kv, (k, v))
+        if step + 1 < comm.world:
+            kv.start_hop()
+        k_cur, v_cur = kv.kv
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
@@ -94,8 +94,8 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
         if comm.world == 1:
             return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
         sums_in = comm.exchange(_pack(dk, dv), tag=1)
-        if kv_pending is not None:
-            kv, spare = _wait(kv_pending), kv
+        if kv.pending is not None:
+            kv.finish_hop()
     dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
