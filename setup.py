@@ -34,6 +34,7 @@ def _extension_and_cmdclass():
         cutlass_include = cfg.cutlass_include_dir(os.environ, ROOT)
         head_dims = cfg.selected_head_dims()
         dtypes = cfg.selected_dtypes()
+        pairs = cfg.selected_head_dim_pairs(head_dims)
         visible = []
         if torch.cuda.is_available():
             visible = [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
@@ -51,7 +52,8 @@ def _extension_and_cmdclass():
     compact_tiles = cfg.compact_tiles(archs)
     compact = f"-DFLASH_ATTN2_COMPACT_TILES={int(compact_tiles)}"
     print(f"flash_attn2 build: archs {built}; paths {'+'.join(paths)}; compact tiles {compact_tiles}; "
-          f"head dims {head_dims}; dtypes {dtypes}; "
+          f"head dims {head_dims}; head-dim pairs {[f'{d}x{dv}' for d, dv in pairs] if 'sm90' in paths else []}; "
+          f"dtypes {dtypes}; "
           f"MAX_JOBS={os.environ['MAX_JOBS']}; CuTe from {cutlass_include}"
           + (f"; debug {' '.join(debug)}" if debug else "")
           + (f"; libstdc++ from {link_args[0]} (the compiler has only a static one)" if link_args else ""))
@@ -59,11 +61,12 @@ def _extension_and_cmdclass():
     ext = cpp_extension.CUDAExtension(
         name="flash_attn2_cuda",
         sources=[os.path.join(CSRC, "flash_api.cpp"), os.path.join(CSRC, "dispatch.cpp")]
-        + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes, paths)],
+        + [os.path.relpath(p, ROOT) for p in cfg.kernel_sources(os.path.join(ROOT, CSRC), head_dims, dtypes, paths,
+                                                                        pairs)],
         include_dirs=[os.path.join(ROOT, CSRC, "include"), os.path.join(ROOT, CSRC, "kernels"), cutlass_include],
         extra_compile_args={
             "cxx": ["-O3", "-std=c++17", f'-DFLASH_ATTN2_BUILT_ARCHS="{built}"', compact]
-            + cfg.kernel_definitions(head_dims, dtypes, paths),
+            + cfg.kernel_definitions(head_dims, dtypes, paths, pairs),
             "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-Xptxas=-warn-spills", compact]
             + debug + cfg.gencode_flags(archs),
         },

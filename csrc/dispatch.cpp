@@ -30,6 +30,11 @@
 #if !defined(FLASH_ATTN2_SM90_BWD_HEAD_DIMS)
 #error "the build defines FLASH_ATTN2_SM90_BWD_HEAD_DIMS (e.g. 32,64,96,128,192,256)"
 #endif
+// ... and the (Q / K, V / O) head-dim pairs the Hopper forward has kernels for (MLA; build_config.head_dim_pairs),
+// flattened, each number followed by a comma: "192,128," or empty.
+#if !defined(FLASH_ATTN2_FWD_SM90_PAIRS)
+#error "the build defines FLASH_ATTN2_FWD_SM90_PAIRS (e.g. 192,128, or empty)"
+#endif
 
 namespace flash_attn2 {
 namespace {
@@ -81,6 +86,53 @@ constexpr Kernels kernels_for() {
     k.bwd_sm90 = &launch_bwd_sm90<bwd_sm90_kernel_dim(kHeadDim), kDType>;
   }
   return k;
+}
+
+// ---- Head-dim pairs (d_qk, d_v): the Hopper forward's kernels for V / O narrower than Q / K (MLA) ----
+
+constexpr int kFwdSm90Pairs[] = {FLASH_ATTN2_FWD_SM90_PAIRS 0};  // (d_qk, d_v) flattened, then a 0
+
+constexpr bool pair_compiled(int head_dim, int head_dim_v, DType dtype) {
+  if (!FLASH_ATTN2_COMPILED_SM90 || !(dtype == DType::kFloat16 ? FLASH_ATTN2_COMPILED_FP16 : FLASH_ATTN2_COMPILED_BF16)) {
+    return false;
+  }
+  for (size_t i = 0; i + 1 < sizeof(kFwdSm90Pairs) / sizeof(int); i += 2) {
+    if (kFwdSm90Pairs[i] == head_dim && kFwdSm90Pairs[i + 1] == head_dim_v) return true;
+  }
+  return false;
+}
+
+struct PairKernels {
+  int head_dim, head_dim_v;  // buckets
+  FwdLauncher fwd_sm90[2];   // by DType
+};
+
+// Every pair a build may name (tools/build_config.py: PAIRS); the compiled ones get their launchers.
+template <int kHeadDim, int kHeadDimV>
+constexpr PairKernels pair_kernels_for() {
+  PairKernels k{kHeadDim, kHeadDimV, {nullptr, nullptr}};
+  if constexpr (pair_compiled(kHeadDim, kHeadDimV, DType::kFloat16)) {
+    k.fwd_sm90[int(DType::kFloat16)] = &launch_fwd_sm90_pair<kHeadDim, kHeadDimV, DType::kFloat16>;
+  }
+  if constexpr (pair_compiled(kHeadDim, kHeadDimV, DType::kBFloat16)) {
+    k.fwd_sm90[int(DType::kBFloat16)] = &launch_fwd_sm90_pair<kHeadDim, kHeadDimV, DType::kBFloat16>;
+  }
+  return k;
+}
+
+constexpr PairKernels kPairTable[] = {pair_kernels_for<192, 128>()};
+
+constexpr int round_up_bucket(int head_dim) { return (head_dim + kBucketStep - 1) / kBucketStep * kBucketStep; }
+
+// The pair kernel serving (head_dim, head_dim_v) (each rounded up to its 32-wide bucket, as the single head dims
+// are), or nullptr.
+FwdLauncher pair_launcher(int head_dim, int head_dim_v, DType dtype) {
+  for (const PairKernels& k : kPairTable) {
+    if (k.head_dim == round_up_bucket(head_dim) && k.head_dim_v == round_up_bucket(head_dim_v)) {
+      return k.fwd_sm90[int(dtype)];
+    }
+  }
+  return nullptr;
 }
 
 template <DType kDType, size_t... kBucket>
@@ -195,8 +247,8 @@ std::string fwd_params_problem(const FwdParams& p) {
     return "batch must be >= 0 and num_heads a positive multiple of num_heads_k > 0";
   }
   if (p.head_dim <= 0 || p.head_dim > 256 || p.head_dim % 8 != 0) return "head_dim must be a multiple of 8 in 8..256";
-  if (p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
-    return "head_dim_v other than head_dim is not served yet (pad v to q's head dim)";
+  if (p.head_dim_v != 0 && (p.head_dim_v < 0 || p.head_dim_v > p.head_dim || p.head_dim_v % 8 != 0)) {
+    return "head_dim_v must be 0 (head_dim) or a multiple of 8 in 8..head_dim";
   }
   // Both paths move 16-byte vectors (cp.async, TMA): every base 16-byte aligned, strides whole vectors.
   for (const void* ptr : {p.q, p.k, p.v, static_cast<const void*>(p.out)}) {
@@ -317,6 +369,21 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   LaunchPlan plan;
   plan.kind = fwd_kind(p);
   FwdLauncher fwd = nullptr;
+  if (p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {  // a head-dim pair: its Hopper kernel, or nothing
+    std::string backend;
+    if (!requested_backend(&backend)) return cudaErrorInvalidValue;
+    if (!fwd_serves_head_dim_v(p)) {
+      return fail(cudaErrorNotSupported,
+                  "no forward kernel for head dims (" + std::to_string(p.head_dim) + ", " +
+                      std::to_string(p.head_dim_v) + ") (q / k, v / out) with this call's shape, dtype and GPU: the "
+                      "pairs FLASH_ATTN2_HEAD_DIM_PAIRS builds run on the Hopper path (sm_90), for calls without a "
+                      "KV cache and with more than 64 packed query rows; pad v to q's head dim otherwise");
+    }
+    fwd = pair_launcher(p.head_dim, p.head_dim_v, p.dtype);
+    if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+    if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
+    return cudaSuccess;
+  }
   if (uses_split_kernel(p)) {
     std::string backend;
     if (!requested_backend(&backend)) return cudaErrorInvalidValue;
@@ -336,6 +403,17 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
   return cudaSuccess;
+}
+
+bool fwd_serves_head_dim_v(const FwdParams& p) {
+  if (p.head_dim_v == 0 || p.head_dim_v == p.head_dim) return true;
+  if (p.head_dim_v < 0 || p.head_dim_v > p.head_dim || uses_split_kernel(p) || !device_is_sm90()) return false;
+  std::string backend;
+  if (!requested_backend(&backend)) {
+    last_error.clear();  // run_fwd says it
+    return false;
+  }
+  return backend != "sm80" && pair_launcher(p.head_dim, p.head_dim_v, p.dtype) != nullptr;
 }
 
 int fwd_num_splits(const FwdParams& p) {
@@ -407,6 +485,9 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     problem = "dout, dq, dk, dv, softmax_d and dq_accum must be set";
   }
   if (problem.empty() && p.num_splits < 0) problem = "num_splits must be >= 0";
+  if (problem.empty() && p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
+    problem = "the backward takes one head dim (head_dim_v 0 or head_dim): pad v, out and dout to q's head dim";
+  }
   if (problem.empty() && p.dsink != nullptr && p.sink == nullptr) problem = "dsink needs sink (the forward's sinks)";
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   if (cudaError_t err = pending_error()) return err;

@@ -50,6 +50,32 @@ def test_kernel_sources_exist():
     assert len(sources) == 4 * 16 + 2 * len(cfg.BWD_SM90_HEAD_DIMS) + 2 and all(os.path.isfile(s) for s in sources)
 
 
+def test_head_dim_pairs():
+    """FLASH_ATTN2_HEAD_DIM_PAIRS: by default every pair whose Q / K head dim is compiled; "none"; a list; an unknown
+    pair, or one whose Q / K head dim is left out (its calls fall back to it), raises naming the knob. The Hopper
+    path alone builds them; dispatch.cpp gets them flattened, each number followed by a comma."""
+    assert cfg.selected_head_dim_pairs([64, 192], {}) == [(192, 128)]
+    assert cfg.selected_head_dim_pairs([64, 128], {}) == []
+    assert cfg.selected_head_dim_pairs([192], {"FLASH_ATTN2_HEAD_DIM_PAIRS": "none"}) == []
+    assert cfg.selected_head_dim_pairs([192], {"FLASH_ATTN2_HEAD_DIM_PAIRS": "192X128"}) == [(192, 128)]
+    with pytest.raises(ValueError, match="FLASH_ATTN2_HEAD_DIM_PAIRS: '96x64' is not one of 192x128"):
+        cfg.selected_head_dim_pairs([96, 192], {"FLASH_ATTN2_HEAD_DIM_PAIRS": "96x64"})
+    with pytest.raises(ValueError, match="192x128 needs head dim 192 in FLASH_ATTN2_HEAD_DIMS"):
+        cfg.selected_head_dim_pairs([128], {"FLASH_ATTN2_HEAD_DIM_PAIRS": "192x128"})
+    for paths, built in ((["sm90"], True), (["sm80"], False), (["sm80", "sm90"], True)):
+        sources = cfg.kernel_sources(os.path.join(ROOT, "csrc"), [192], ["bf16", "fp16"], paths, [(192, 128)])
+        pair_files = [s for s in sources if "x128_" in s]
+        assert len(pair_files) == (2 if built else 0) and all(os.path.isfile(s) for s in pair_files)
+        defs = cfg.kernel_definitions([192], ["bf16"], paths, [(192, 128)])
+        assert f"-DFLASH_ATTN2_FWD_SM90_PAIRS={'192,128,' if built else ''}" in defs
+    assert "-DFLASH_ATTN2_FWD_SM90_PAIRS=" in cfg.kernel_definitions([64], ["bf16"], ["sm90"])
+    # dispatch.cpp's table lists every pair of PAIRS
+    with open(os.path.join(ROOT, "csrc", "dispatch.cpp")) as f:
+        dispatch = f.read()
+    for d, dv in cfg.PAIRS:
+        assert f"pair_kernels_for<{d}, {dv}>()" in dispatch
+
+
 def fake_nvcc(tmp_path, release):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

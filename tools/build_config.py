@@ -19,6 +19,9 @@ HOPPER = "90"  # the arch of the sm_90a forward (csrc/kernels/sm90/)
 # The head dims the Hopper backward has kernels for (csrc/instantiations/bwd_hdim*_sm90.cu): the one list, which
 # CMakeLists.txt reads from this line and dispatch.cpp gets as FLASH_ATTN2_SM90_BWD_HEAD_DIMS.
 BWD_SM90_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# The (Q / K, V / O) head-dim pairs the Hopper forward has kernels for (csrc/instantiations/fwd_hdim*x*_sm90.cu;
+# MLA: DeepSeek-V3's (192, 128)); CMakeLists.txt reads this line too, dispatch.cpp's table lists the same pairs.
+PAIRS = ((192, 128),)
 GB = 1 << 30
 # Peak resident memory of one nvcc job, nvcc 13.0 (benchmarks/dev/nvcc_mem.py): the SM80 backward files
 # compiled for sm_90 (FLASH_ATTN2_SM80=1) 4.7-5.0 GiB at head dim 96-128, the Hopper backward's at head dim 256
@@ -42,6 +45,26 @@ def selected_head_dims(env=os.environ) -> list[int]:
             raise ValueError(f"FLASH_ATTN2_HEAD_DIMS: {item!r} is not one of {', '.join(map(str, HEAD_DIMS))}")
         dims.append(int(item))
     return sorted(set(dims))
+
+
+def selected_head_dim_pairs(head_dims: list[int], env=os.environ) -> list[tuple[int, int]]:
+    """FLASH_ATTN2_HEAD_DIM_PAIRS, e.g. "192x128", or "none"; default: every pair of PAIRS whose Q / K head dim is
+    compiled (a pair's call falls back to that head dim's kernels, v padded, where its own kernel cannot run)."""
+    value = env.get("FLASH_ATTN2_HEAD_DIM_PAIRS", "").strip().lower()
+    if not value:
+        return [pair for pair in PAIRS if pair[0] in head_dims]
+    if value == "none":
+        return []
+    names = {f"{d}x{dv}": (d, dv) for d, dv in PAIRS}
+    pairs = []
+    for item in _parse_list(value):
+        if item not in names:
+            raise ValueError(f"FLASH_ATTN2_HEAD_DIM_PAIRS: {item!r} is not one of {', '.join(names)} (or none)")
+        if names[item][0] not in head_dims:
+            raise ValueError(f"FLASH_ATTN2_HEAD_DIM_PAIRS: {item} needs head dim {names[item][0]} in "
+                             f"FLASH_ATTN2_HEAD_DIMS (its calls fall back to it)")
+        pairs.append(names[item])
+    return [pair for pair in PAIRS if pair in pairs]
 
 
 def selected_dtypes(env=os.environ) -> list[str]:
@@ -166,10 +189,10 @@ def debug_flags(env=os.environ) -> list[str]:
     return [f"-DFLASH_ATTN2_DEBUG_HANG={int(value)}"]
 
 
-def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:
+def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("sm80",), pairs=()) -> list[str]:
     """One file per (direction, head dim, dtype[, arch]) of each path, the Hopper backward's for the kernels
-    that serve the head dims, the split-KV forward's for every path; the dtype-generic helpers of the backward
-    and of the split-KV forward are always built."""
+    that serve the head dims, the Hopper forward's for each head-dim pair, the split-KV forward's for every path;
+    the dtype-generic helpers of the backward and of the split-KV forward are always built."""
     def file(direction, d, t, suffix=""):
         return os.path.join(csrc, "instantiations", f"{direction}_hdim{d}_{t}{suffix}.cu")
     files = []
@@ -179,19 +202,23 @@ def kernel_sources(csrc: str, head_dims: list[int], dtypes: list[str], paths=("s
         files += [file("fwd", d, t, "_sm90") for d in head_dims for t in dtypes]
         files += [file("bwd", d, t, "_sm90") for d in sorted({bwd_sm90_kernel_dim(d) for d in head_dims})
                   for t in dtypes]
+        files += [file("fwd", f"{d}x{dv}", t, "_sm90") for d, dv in pairs for t in dtypes]
     # The split-KV forward (SM80 tensor cores) serves decode and KV-cache calls on every path.
     files += [file("fwd_split", d, t) for d in head_dims for t in dtypes]
     return files + [os.path.join(csrc, "bwd_aux.cu"), os.path.join(csrc, "fwd_aux.cu")]
 
 
-def kernel_definitions(head_dims: list[int], dtypes: list[str], paths=("sm80",)) -> list[str]:
-    """Compile definitions naming the instantiated kernels for dispatch.cpp's table (CMakeLists.txt mirrors it)."""
+def kernel_definitions(head_dims: list[int], dtypes: list[str], paths=("sm80",), pairs=()) -> list[str]:
+    """Compile definitions naming the instantiated kernels for dispatch.cpp's table (CMakeLists.txt mirrors it);
+    the pairs flattened, each number followed by a comma ("192,128,"; empty for none or without the Hopper path)."""
+    pair_list = "".join(f"{d},{dv}," for d, dv in pairs) if "sm90" in paths else ""
     return [f"-DFLASH_ATTN2_COMPILED_HEAD_DIMS={','.join(map(str, head_dims))}",
             f"-DFLASH_ATTN2_COMPILED_FP16={int('fp16' in dtypes)}",
             f"-DFLASH_ATTN2_COMPILED_BF16={int('bf16' in dtypes)}",
             f"-DFLASH_ATTN2_COMPILED_SM80={int('sm80' in paths)}",
             f"-DFLASH_ATTN2_COMPILED_SM90={int('sm90' in paths)}",
-            f"-DFLASH_ATTN2_SM90_BWD_HEAD_DIMS={','.join(map(str, BWD_SM90_HEAD_DIMS))}"]
+            f"-DFLASH_ATTN2_SM90_BWD_HEAD_DIMS={','.join(map(str, BWD_SM90_HEAD_DIMS))}",
+            f"-DFLASH_ATTN2_FWD_SM90_PAIRS={pair_list}"]
 
 
 class PreflightError(RuntimeError):

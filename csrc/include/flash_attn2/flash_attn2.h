@@ -138,9 +138,10 @@ struct FwdParams {
   int64_t page_table_batch_stride = 0;
   int page_size = 0, num_pages = 0;
 
-  // V's and out's head dim where it differs from q's and k's (MLA: d_v < d_qk), or 0 for head_dim. Not served yet:
-  // run_fwd refuses a nonzero value other than head_dim (the kernels that take two head dims are being built;
-  // flash_attn2's Python API pads the narrower side meanwhile).
+  // V's and out's head dim where it differs from q's and k's (MLA: d_v < d_qk; a multiple of 8), or 0 for
+  // head_dim. The forward runs it where fwd_serves_head_dim_v says so (the Hopper path's pair kernels that the build
+  // names: FLASH_ATTN2_HEAD_DIM_PAIRS) and refuses it elsewhere; run_bwd refuses it (pad v, out and dout to
+  // head_dim: the zero columns change no gradient, and dv's are cut off).
   int head_dim_v = 0;
 };
 
@@ -187,6 +188,11 @@ int64_t bwd_dq_accum_elems(const BwdParams& params);
 // The compiled head-dim bucket that serves head_dim (the smallest one >= head_dim), or 0 if none. The
 // backward is compiled for the same buckets.
 int fwd_head_dim_bucket(int head_dim, DType dtype);
+
+// Whether run_fwd runs params' head_dim_v (true where it is 0 or head_dim): a pair kernel is compiled for the
+// head dims' buckets and dtype, the call takes the Hopper forward (an sm_90 GPU, FLASH_ATTN2_BACKEND not sm80)
+// and not the split-KV one (no KV cache fields, more than 64 packed query rows or dropout).
+bool fwd_serves_head_dim_v(const FwdParams& params);
 
 // The key splits run_fwd will use for params given a split_accum (>= 1; 1: no split): kv_splits, or where it is
 // 0 a choice from the shapes and the current device's SM count (never from device values). Where it is 0 and

@@ -49,6 +49,10 @@ template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_sm90(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream);
 template <int kHeadDim, DType kDType>
 cudaError_t launch_bwd_sm90(const BwdParams& params, const LaunchPlan& plan, cudaStream_t stream);
+// A (Q / K head dim, V / O head dim) pair's Hopper forward (FwdParams::head_dim_v; MLA), for the pairs the build
+// names (FLASH_ATTN2_FWD_SM90_PAIRS).
+template <int kHeadDim, int kHeadDimV, DType kDType>
+cudaError_t launch_fwd_sm90_pair(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream);
 
 // The split-KV forward (sm80/fwd_split_launch.h; SM80 tensor cores, built for every target, Hopper included):
 // decode and KV-cache calls (dispatch.cpp: uses_split_kernel).

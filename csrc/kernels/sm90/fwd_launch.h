@@ -89,16 +89,20 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
   return cudaGetLastError();
 }
 
-template <int kHeadDim, DType kDType, Kind kKind>
+// kHeadDimV: V's and O's head dim (MLA's pairs, launch_fwd_sm90_pair); the tile is Q / K's head dim's, whose
+// shared memory budget holds the narrower V too.
+template <int kHeadDim, DType kDType, Kind kKind, int kHeadDimV = kHeadDim>
 cudaError_t launch_fwd_sm90_kind(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  static_assert(kHeadDimV <= kHeadDim, "a pair's V is at most Q / K's head dim wide (the tile is sized for Q / K's)");
   using Element = ElementOf<kDType>;
   if constexpr (kKind == Kind::kPlain && fwd_short_causal_max_seqlen_q_sm90(kHeadDim) > 0) {
     if (p.causal && p.cu_seqlens_q == nullptr && p.seqlen_q <= fwd_short_causal_max_seqlen_q_sm90(kHeadDim)) {
-      using Short = FwdTraitsSm90<kHeadDim, Element, FwdTileForSm90<kHeadDim, kKind, /*kShortCausal=*/true>>;
+      using Short = FwdTraitsSm90<kHeadDim, Element, FwdTileForSm90<kHeadDim, kKind, /*kShortCausal=*/true>, kHeadDimV>;
       return launch_fwd_sm90_traits<Short, kKind>(p, plan, stream);
     }
   }
-  return launch_fwd_sm90_traits<FwdTraitsSm90<kHeadDim, Element, FwdTileForSm90<kHeadDim, kKind>>, kKind>(p, plan, stream);
+  using Traits = FwdTraitsSm90<kHeadDim, Element, FwdTileForSm90<kHeadDim, kKind>, kHeadDimV>;
+  return launch_fwd_sm90_traits<Traits, kKind>(p, plan, stream);
 }
 
 template <int kHeadDim, DType kDType>
@@ -110,8 +114,22 @@ cudaError_t launch_fwd_sm90(const FwdParams& p, const LaunchPlan& plan, cudaStre
   }
 }
 
+// A (Q / K head dim, V / O head dim) pair's forward (FwdParams::head_dim_v = kHeadDimV; MLA's (192, 128)).
+template <int kHeadDim, int kHeadDimV, DType kDType>
+cudaError_t launch_fwd_sm90_pair(const FwdParams& p, const LaunchPlan& plan, cudaStream_t stream) {
+  switch (plan.kind) {
+    case Kind::kDropout: return launch_fwd_sm90_kind<kHeadDim, kDType, Kind::kDropout, kHeadDimV>(p, plan, stream);
+    case Kind::kExtended: return launch_fwd_sm90_kind<kHeadDim, kDType, Kind::kExtended, kHeadDimV>(p, plan, stream);
+    default: return launch_fwd_sm90_kind<kHeadDim, kDType, Kind::kPlain, kHeadDimV>(p, plan, stream);
+  }
+}
+
 }  // namespace flash_attn2
 
 #define FLASH_ATTN2_INSTANTIATE_FWD_SM90(HEAD_DIM, DTYPE)                                                   \
   template cudaError_t flash_attn2::launch_fwd_sm90<HEAD_DIM, flash_attn2::DType::DTYPE>(                \
+      const flash_attn2::FwdParams&, const flash_attn2::LaunchPlan&, cudaStream_t);
+
+#define FLASH_ATTN2_INSTANTIATE_FWD_SM90_PAIR(HEAD_DIM, HEAD_DIM_V, DTYPE)                                     \
+  template cudaError_t flash_attn2::launch_fwd_sm90_pair<HEAD_DIM, HEAD_DIM_V, flash_attn2::DType::DTYPE>(   \
       const flash_attn2::FwdParams&, const flash_attn2::LaunchPlan&, cudaStream_t);
