@@ -81,7 +81,7 @@ def comm_only(k, v, world, backward):
         kv.finish_hop()
     if backward:
         kv = ring.KVRing(comm, k, v)
-        sums = torch.zeros(2 * k.numel(), dtype=torch.float32, device=k.device)
+        sums = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=k.device)
         for step in range(world):
             if step + 1 < world:
                 kv.start_hop()

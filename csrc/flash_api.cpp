@@ -2,11 +2,13 @@
 // registered on the op in C++ (their fake-tensor implementations are in flash_attn2/_ops.py), and the
 // out-variants the tests use to poison outputs. The Python layer (flash_attn2/flash_attn_interface.py)
 // validates arguments with user-facing errors; the checks here guard memory safety for direct callers.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -94,11 +96,15 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
   if (head_dim <= 0 || head_dim > 256) {
     value_error("head dim (q.shape[-1]) must be in 1..256, got " + std::to_string(head_dim));
   }
-  if (k.sizes() != v.sizes()) {
-    value_error("k and v must have the same shape, got " + tuple_str(k.sizes()) + " and " + tuple_str(v.sizes()));
+  if (k.sizes().slice(0, k.dim() - 1) != v.sizes().slice(0, v.dim() - 1)) {
+    value_error("k and v must have the same shape but for the head dim, got " + tuple_str(k.sizes()) + " and " +
+                tuple_str(v.sizes()));
   }
   if (k.size(-1) != head_dim) {
     value_error("k's head dim must equal q's (" + std::to_string(head_dim) + "), got " + std::to_string(k.size(-1)));
+  }
+  if (v.size(-1) <= 0 || v.size(-1) > 256) {
+    value_error("v's head dim (v.shape[-1]) must be in 1..256, got " + std::to_string(v.size(-1)));
   }
   if (heads_k == 0 || heads == 0 || heads % heads_k != 0) {
     value_error("q's nheads (" + std::to_string(heads) + ") must be a positive multiple of k/v's nheads (" +
@@ -232,8 +238,10 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
   check_tensor(k, "k", dim, q, q.scalar_type());
   check_tensor(v, "v", dim, q, q.scalar_type());
   check_tensor(out, "out", dim, q, q.scalar_type());
-  TORCH_CHECK(out.sizes() == q.sizes(), "flash_attn2: out must have q's shape");
-  TORCH_CHECK(k.sizes() == v.sizes(), "flash_attn2: k and v must have the same shape");
+  TORCH_CHECK(out.sizes().slice(0, dim - 1) == q.sizes().slice(0, dim - 1) && out.size(-1) == v.size(-1),
+              "flash_attn2: out must have q's shape with v's head dim");
+  TORCH_CHECK(k.sizes().slice(0, dim - 1) == v.sizes().slice(0, dim - 1),
+              "flash_attn2: k and v must have the same shape but for the head dim");
   TORCH_CHECK(k.size(-1) == q.size(-1), "flash_attn2: k's head dim must equal q's");
 
   p.q = q.data_ptr();
@@ -252,6 +260,7 @@ void set_fwd_params(flash_attn2::FwdParams& p, const Tensor& q, const Tensor& k,
   p.num_heads = int(q.size(-2));
   p.num_heads_k = int(k.size(-2));
   p.head_dim = int(q.size(-1));
+  p.head_dim_v = v.size(-1) == q.size(-1) ? 0 : int(v.size(-1));  // run_fwd serves it on a pair kernel or refuses
   p.softmax_scale = float(softmax_scale);
   p.causal = causal;
   // Any negative side is unbounded, as in flash-attn; a side wider than any sequence is too (Window clamps).
@@ -505,6 +514,26 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   check_launch(flash_attn2::run_bwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "backward");
 }
 
+// Whether the forward runs q / k and v of different head dims as they are (a Hopper pair kernel: flash_attn2.h's
+// fwd_serves_head_dim_v, from the fields it reads), rather than with the narrower side zero-padded.
+bool head_dims_served(const Tensor& q, const Tensor& k, int64_t head_dim_v, const OptTensor& cu_seqlens_q,
+                      int64_t max_seqlen_q, const OptTensor& alibi_slopes, double dropout_p) {
+  auto round8 = [](int64_t d) { return (d + 7) / 8 * 8; };
+  if (round8(head_dim_v) >= round8(q.size(-1))) return false;
+  flash_attn2::FwdParams p{};
+  p.dtype = dtype_of(q);
+  p.head_dim = int(round8(q.size(-1)));
+  p.head_dim_v = int(round8(head_dim_v));
+  p.num_heads = int(q.size(-2));
+  p.num_heads_k = int(k.size(-2));
+  p.seqlen_q = int(std::min<int64_t>(cu_seqlens_q.has_value() ? max_seqlen_q : q.size(1), flash_attn2::kMaxSeqlen));
+  if (cu_seqlens_q.has_value()) p.cu_seqlens_q = cu_seqlens_q->data_ptr<int>();
+  if (alibi_slopes.has_value()) p.alibi_slopes = alibi_slopes->data_ptr<float>();
+  p.dropout_p = float(dropout_p);
+  const c10::cuda::CUDAGuard guard(q.device());
+  return flash_attn2::fwd_serves_head_dim_v(p);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // The ops, in the inputs' head dim: out and lse contiguous, the gradients as grad_like says (and so does
 // flash_attn2/_ops.py's fake versions).
@@ -517,16 +546,33 @@ std::tuple<Tensor, Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const T
                                        double dropout_p, const OptTensor& learnable_sink) {
   check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
   check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
-  const Tensor qr = kernel_ready(q);
-  Tensor out = at::empty(qr.sizes(), qr.options());
+  const int64_t head_dim = q.size(-1), head_dim_v = v.size(-1);
+  if (head_dim_v != head_dim && !head_dims_served(q, k, head_dim_v, cu_seqlens_q, max_seqlen_q, alibi_slopes, dropout_p)) {
+    // No pair kernel for this call: the narrower side zero-padded to the other's head dim, which changes no score
+    // (softmax_scale is given) and no output column but the padded ones, cut off.
+    if (head_dim_v < head_dim) {
+      auto [out, lse, rng_state] = fwd(q, k, at::constant_pad_nd(v, {0, head_dim - head_dim_v}), cu_seqlens_q,
+                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                       window_right, softcap, alibi_slopes, false, dropout_p, learnable_sink);
+      return {out.narrow(-1, 0, head_dim_v).contiguous(), lse, rng_state};
+    }
+    const std::vector<int64_t> widen = {0, head_dim_v - head_dim};
+    return fwd(at::constant_pad_nd(q, widen), at::constant_pad_nd(k, widen), v, cu_seqlens_q, cu_seqlens_k,
+               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+               false, dropout_p, learnable_sink);
+  }
+  const Tensor qr = kernel_ready(q), vr = kernel_ready(v);
+  std::vector<int64_t> out_sizes = qr.sizes().vec();
+  out_sizes.back() = vr.size(-1);
+  Tensor out = at::empty(out_sizes, qr.options());
   Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)} : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
                          q.options().dtype(at::kFloat));
   // The (seed, offset) dropout used, for the backward; without dropout empty (no memory, no fill).
   Tensor rng_state = at::empty({dropout_p > 0.0 ? 2 : 0}, q.options().dtype(at::kLong));
-  fwd_out(qr, kernel_ready(k), kernel_ready(v), out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+  fwd_out(qr, kernel_ready(k), vr, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
           softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, rng_state,
           /*new_seed=*/true, learnable_sink);
-  return {unpadded(out, q.size(-1)), lse, rng_state};
+  return {unpadded(out, head_dim_v), lse, rng_state};
 }
 
 // dsink: (nheads,) in learnable_sink's dtype with one, else empty fp32.
@@ -537,6 +583,25 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
                                                int64_t window_left, int64_t window_right, double softcap,
                                                const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
                                                const OptTensor& rng_state, const OptTensor& learnable_sink) {
+  const int64_t head_dim = q.size(-1), head_dim_v = v.size(-1);
+  if (head_dim_v != head_dim) {
+    // The backward takes one head dim: the narrower side zero-padded (the forward's pair kernel or padding gave the
+    // same out), the padded columns' gradients cut off into gradients laid out as grad_like says.
+    const int64_t wide = std::max(head_dim, head_dim_v);
+    auto widen = [wide](const Tensor& t) { return t.size(-1) == wide ? t : at::constant_pad_nd(t, {0, wide - t.size(-1)}); };
+    auto [dq, dk, dv, dsink] = bwd(widen(dout), widen(q), widen(k), widen(v), widen(out), lse, cu_seqlens_q,
+                                   cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                   window_right, softcap, alibi_slopes, deterministic, dropout_p, rng_state,
+                                   learnable_sink);
+    auto cut = [](const Tensor& grad, const Tensor& like) {
+      const int64_t d = like.size(-1);
+      if (grad.size(-1) == d) return grad;
+      Tensor r = grad_like(like);  // like's strides, or contiguous with the head dim rounded up to 8
+      r.narrow(-1, 0, d).copy_(grad.narrow(-1, 0, d));
+      return unpadded(r, d);
+    };
+    return {cut(dq, q), cut(dk, k), cut(dv, v), dsink};
+  }
   const Tensor qr = kernel_ready(q), kr = kernel_ready(k);
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   OptTensor dsink;
@@ -544,7 +609,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
           deterministic, dropout_p, rng_state, learnable_sink, dsink);
-  const int64_t head_dim = q.size(-1);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim),
           dsink.has_value() ? dsink->to(learnable_sink->scalar_type()) : at::empty({0}, q.options().dtype(at::kFloat))};
 }

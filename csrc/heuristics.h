@@ -44,9 +44,11 @@ inline cudaError_t current_device_info(DeviceInfo* info) {
     const long forced = std::strtol(env, nullptr, 10);
     if (forced > 0 && forced < info->tile_smem_limit) info->tile_smem_limit = int(forced);
   }
-  // FLASH_ATTN2_SM_MARGIN=n (read on every call; FA3's sm_margin): grids and heuristics see n SMs fewer, left to
-  // other streams' kernels. A context-parallel ring's NCCL transfer queued beside a persistent Hopper kernel (a
-  // block per SM until it ends) finds no SM otherwise, and the peer rank's transfer waits on it.
+  // FLASH_ATTN2_SM_MARGIN=n (read on every call; FA3's sm_margin): grids and heuristics see n SMs fewer (at least
+  // one is left), left to other streams' kernels. A context-parallel ring's NCCL transfer queued beside a persistent
+  // Hopper kernel (a block per SM until it ends) finds no SM otherwise, and the peer rank's transfer waits on it.
+  // Like FLASH_ATTN2_BACKEND it enters workspace sizes (head splits, key splits): size them under the environment
+  // the run sees (flash_attn2.h). The deterministic backward's splits (a grid of its own size) do not use it.
   if (const char* env = std::getenv("FLASH_ATTN2_SM_MARGIN")) {
     const long margin = std::strtol(env, nullptr, 10);
     if (margin > 0) info->num_sms = int(std::max<long>(1, info->num_sms - margin));
@@ -73,7 +75,7 @@ inline int64_t bwd_row_bytes(int head_dim) { return int64_t(8) * head_dim; }
 // 32k causal, H100: 7 x 16.9k rows x 1 KB = 121 MB; 7 splits take the L2 hit rate from 85% to 93% and
 // the kernel from 40.0 to 37.3 ms; at 8k, 59 MB, 7 splits were slower). Not in deterministic mode.
 // Split blocks add dK and dV into fp32 accumulators after the dQ accumulator (bwd_dkv_accum_offset),
-// which bwd_dq_accum_elems sizes from this same answer: a function of p and the device only.
+// which bwd_dq_accum_elems sizes from this same answer: a function of p, the device and FLASH_ATTN2_SM_MARGIN.
 inline int bwd_head_splits(const BwdParams& p, const DeviceInfo& device) {
   int splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;

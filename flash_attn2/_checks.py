@@ -74,10 +74,13 @@ def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):
     head_dim = q.shape[-1]
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
-    if k.shape != v.shape:
-        raise ValueError(f"flash_attn2: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"flash_attn2: k and v must have the same shape but for the head dim, got {tuple(k.shape)} "
+                         f"and {tuple(v.shape)}")
     if k.shape[-1] != head_dim:
         raise ValueError(f"flash_attn2: k's head dim must equal q's ({head_dim}), got {k.shape[-1]}")
+    if not 0 < v.shape[-1] <= MAX_HEAD_DIM:  # v's may differ (MLA: d_qk 192, d_v 128)
+        raise ValueError(f"flash_attn2: v's head dim (v.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {v.shape[-1]}")
     heads, heads_k = q.shape[-2], k.shape[-2]
     if heads_k == 0 or heads == 0 or heads % heads_k != 0:
         raise ValueError(f"flash_attn2: q's nheads ({heads}) must be a positive multiple of k/v's nheads ({heads_k})")

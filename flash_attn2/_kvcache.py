@@ -196,6 +196,9 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
         raise NotImplementedError("flash_attn2: headdim_v != headdim is not supported yet")
     if attention_chunk:
         raise NotImplementedError("flash_attn2: attention_chunk is not supported")
+    if sm_margin:
+        raise NotImplementedError("flash_attn2: sm_margin in get_scheduler_metadata is not supported; "
+                                  "FLASH_ATTN2_SM_MARGIN=n (read on every call) leaves n SMs to other kernels")
     from . import _ops
     splits = _ops.ext.kvcache_num_splits(int(batch_size), int(max_seqlen_q), int(max_seqlen_k) + int(max_seqlen_k_new),
                                          int(num_heads_q), int(num_heads_kv), int(headdim),

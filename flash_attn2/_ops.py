@@ -51,7 +51,8 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
         check_sink(learnable_sink, q.shape[-2], q)
     # rng_state: (seed, offset) with dropout, else empty.
     rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
-    return _empty_like(q), q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32), rng_state
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # in v's head dim (MLA's d_v may differ from d_qk), contiguous
+    return out, q.new_empty(lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32), rng_state
 
 
 @torch.library.register_fake("flash_attn2::bwd")

@@ -77,23 +77,6 @@ def _window(causal: bool, window_size, max_seqlen_q: int, max_seqlen_k: int) -> 
     return left == -1 and right == 0, left, right
 
 
-def _pad_value_head_dim(q, k, v):
-    """d_v != d_qk (MLA: DeepSeek-V3 trains with d_qk 192, d_v 128): the smaller side zero-padded to the larger head
-    dim, which changes neither the scores (zero columns of q and k add nothing; the softmax scale stays d_qk's) nor
-    the output's first d_v columns. Returns (q, k, v, d_v to cut the output back to, or None). Differentiable (the
-    pads' gradients cut back). Costs the padded columns' work until the kernels take two head dims (issue #49)."""
-    if not all(isinstance(t, torch.Tensor) and t.dim() >= 3 for t in (q, k, v)):
-        return q, k, v, None
-    d_qk, d_v = q.shape[-1], v.shape[-1]
-    if d_v == d_qk or k.shape[-1] != d_qk or tuple(k.shape[:-1]) != tuple(v.shape[:-1]) or d_qk > MAX_HEAD_DIM:
-        return q, k, v, None  # equal, or a shape error the checks report (they name q)
-    if not 0 < d_v <= MAX_HEAD_DIM:
-        raise ValueError(f"flash_attn2: v's head dim (v.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {d_v}")
-    if d_v < d_qk:
-        return q, k, torch.nn.functional.pad(v, (0, d_qk - d_v)), d_v
-    return torch.nn.functional.pad(q, (0, d_v - d_qk)), torch.nn.functional.pad(k, (0, d_v - d_qk)), v, None
-
-
 def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
     """FLASH_ATTN2_CHECK_INPUTS=1: the values inside cu_seqlens, read back to the host (a sync)."""
     values = cu_seqlens.tolist()
@@ -193,7 +176,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     causal, left, right = _window(bool(causal), window_size, q.shape[-3] if q.dim() >= 3 else 0,
                                   k.shape[-3] if k.dim() >= 3 else 0)
     scale = _softmax_scale(softmax_scale, q.shape[-1] if q.dim() else 1)
-    q, k, v, v_head_dim = _pad_value_head_dim(q, k, v)
+    # v's head dim may differ from q / k's (MLA): the ops run a pair kernel where the build has one for the call
+    # (the Hopper forward), else pad the narrower side with zeros inside; out has v's head dim.
     checking_values = varlen and _checking_inputs()
     if not q.is_cuda or checking_values:
         # The op checks CUDA tensors itself; others get the same checks before the device error.
@@ -209,8 +193,6 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                            causal, left, right, softcap, alibi_slopes, bool(deterministic), dropout_p,
                                            learnable_sink)
-    if v_head_dim is not None:
-        out = out[..., :v_head_dim].contiguous()
     if not return_attn_probs:
         return out
     # S_dmask carries the dropout pattern, as in flash-attn; without dropout it is None there too.

@@ -1,11 +1,11 @@
 """d_v != d_qk (MLA: DeepSeek-V3's d_qk 192 / d_v 128, and the other way round) through flash_attn_func and
-flash_attn_varlen_func: forward and backward against the float32 reference (GPU); the padding rule on the CPU."""
+flash_attn_varlen_func: forward and backward against the float32 reference (GPU), on the Hopper pair kernel where the
+build has one (FLASH_ATTN2_HEAD_DIM_PAIRS) and padded inside the ops elsewhere; the fake and the checks on the CPU."""
 
 import pytest
 import torch
 
 import flash_attn2
-from flash_attn2.flash_attn_interface import _pad_value_head_dim
 from flash_attn2.testing import attention_ref, within_tolerance
 
 
@@ -18,13 +18,23 @@ def mla_ref(q, k, v, causal, upcast=True):
     return out[..., :v.shape[-1]], lse
 
 
-def test_padding_rule():
-    q, k = torch.zeros(1, 4, 2, 192), torch.zeros(1, 6, 2, 192)
-    _, _, vp, cut = _pad_value_head_dim(q, k, torch.zeros(1, 6, 2, 128))
-    assert vp.shape[-1] == 192 and cut == 128
-    qp, kp, vp, cut = _pad_value_head_dim(q[..., :64], k[..., :64], torch.zeros(1, 6, 2, 128))
-    assert qp.shape[-1] == kp.shape[-1] == 128 and cut is None
-    assert _pad_value_head_dim(q, k, torch.zeros(1, 5, 2, 128))[3] is None  # a shape error, left to the checks
+def test_fake_out_has_v_head_dim():
+    """The op's fake (torch.compile, export): out in v's head dim, lse as usual; the checks take v's own head dim."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from flash_attn2 import _ops
+    with FakeTensorMode():
+        q, k = torch.empty(2, 5, 8, 192, dtype=torch.bfloat16), torch.empty(2, 7, 2, 192, dtype=torch.bfloat16)
+        v = torch.empty(2, 7, 2, 128, dtype=torch.bfloat16)
+        out, lse, _ = _ops._fwd_fake(q, k, v, None, None, 0, 0, 192 ** -0.5, True, -1, 0, 0.0, None, False)
+        assert out.shape == (2, 5, 8, 128) and out.is_contiguous() and lse.shape == (2, 8, 5)
+        dq, dk, dv, _ = _ops._bwd_fake(out, q, k, v, out, lse, None, None, 0, 0, 1.0, True, -1, 0, 0.0, None, False)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, v.shape)
+
+
+def test_v_shape_checks():
+    q = torch.zeros(1, 4, 2, 192, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="k and v must have the same shape but for the head dim"):
+        flash_attn2.flash_attn_func(q, q, torch.zeros(1, 5, 2, 128, dtype=torch.bfloat16))
 
 
 @pytest.mark.gpu
@@ -60,3 +70,80 @@ def test_error_names_v_head_dim():
     q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"v's head dim \(v.shape\[-1\]\) must be in 1..256, got 512"):
         flash_attn2.flash_attn_func(q, q, torch.zeros(1, 4, 2, 512, dtype=torch.bfloat16))
+
+
+def _pair_kernel_ran(fn):
+    """Whether the Hopper forward's (192, 128) pair kernel ran (its traits' V head dim in the kernel's name)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return any("FwdTraitsSm90<192" in n and ", 128>" in n for n in names), names
+
+
+def _pair_expected():
+    return (torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
+            and 192 in flash_attn2.compiled_head_dims(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["dense", "varlen_window", "dropout", "decode"])
+def test_mla_pair_kernel_and_fallback(case, monkeypatch):
+    """(192, 128) on the pair kernel where it serves the call (Hopper, more than 64 packed query rows), padded inside
+    the op where it does not (decode shapes: the split-KV kernel; FLASH_ATTN2_BACKEND=sm80 builds): the same answer
+    under the 2x rule either way, forward and backward; varlen with a window, GQA and dropout's keep pattern."""
+    if 192 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 192 not compiled")
+    from flash_attn2.testing import attention_ref_varlen
+    dtype = torch.bfloat16
+    sq = 1 if case == "decode" else 300
+    q = torch.randn(2, sq, 8, 192, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 517, 2, 192, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 517, 2, 128, device="cuda", dtype=dtype, requires_grad=True)
+    if case == "varlen_window":
+        lens_q, lens_k = [300, 0, 17], [517, 5, 300]
+        cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+        cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
+        qv = q.detach().reshape(-1, 8, 192)[:sum(lens_q)].clone().requires_grad_()
+        kv_, vv = (t.detach().reshape(-1, 2, t.shape[-1])[:sum(lens_k)].clone().requires_grad_() for t in (k, v))
+        call = lambda: flash_attn2.flash_attn_varlen_func(qv, kv_, vv, cu_q, cu_k, 300, 517, causal=True,  # noqa: E731
+                                                          window_size=(100, 0))
+        leaves = (qv, kv_, vv)
+        pad = lambda t: torch.nn.functional.pad(t, (0, 192 - t.shape[-1]))  # noqa: E731
+        ref_fn = lambda a, b, c, up: attention_ref_varlen(  # noqa: E731
+            a.float() if up else a, b.float() if up else b, pad(c.float() if up else c), cu_q, cu_k, True,
+            None, up, window=(100, 0))[0][..., :128]
+    else:
+        drop = 0.17 if case == "dropout" else 0.0
+        call = lambda: flash_attn2.flash_attn_func(q, k, v, dropout_p=drop, causal=True)  # noqa: E731
+        leaves = (q, k, v)
+        ref_fn = lambda a, b, c, up: mla_ref(a.float() if up else a, b.float() if up else b,  # noqa: E731
+                                             c.float() if up else c, True, up)[0]
+    ran, names = _pair_kernel_ran(call)
+    assert ran == (_pair_expected() and case != "decode"), names
+    if case == "dropout":  # the keep pattern is checked against padding: same seed, same bits
+        torch.manual_seed(5)
+        out = call()
+        dout = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, dout)
+        torch.manual_seed(5)
+        wide = flash_attn2.flash_attn_func(q, k, torch.nn.functional.pad(v, (0, 64)), dropout_p=0.17, causal=True)
+        assert (out.float() - wide[..., :128].float()).abs().max() <= 1e-2  # another keep pattern: O(1) apart
+        wide_grads = torch.autograd.grad(wide[..., :128], leaves, dout)
+        for g, w in zip(grads, wide_grads):
+            assert torch.allclose(g.float(), w.float(), atol=2e-2, rtol=0)
+        return
+    out = call()
+    assert out.shape[-1] == 128
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    refs = []
+    for up in (True, False):
+        ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
+        o = ref_fn(*ref_leaves, up)
+        refs.append((o, *torch.autograd.grad(o, ref_leaves, dout.float() if up else dout)))
+    ok, err, err_pt = within_tolerance(out, refs[0][0], refs[1][0])
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    for name, g, r, p in zip("qkv", grads, refs[0][1:], refs[1][1:]):
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
+        assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"

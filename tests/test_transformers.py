@@ -194,6 +194,60 @@ def test_gpt_oss_sinks_match_eager(backend, padding):
     assert backend.calls, "the kernels never ran"
 
 
+def tiny_deepseek_v3(backend):
+    """A tiny DeepSeek-V3 (MLA: q / k head dim qk_nope + qk_rope, v's v_head_dim: (192, 128) on the GPU, as the
+    real model's; (24, 16) on the CPU), every token routed to all 4 experts (a continuous mixture), against sdpa."""
+    from transformers import DeepseekV3Config
+    cuda = backend.device == "cuda"
+    dims = dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128) if cuda else \
+        dict(qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16)
+    config = {key: value for key, value in backend.config.items() if key not in ("head_dim", "num_key_value_heads")}
+    config.update(dims, num_key_value_heads=config["num_attention_heads"], kv_lora_rank=64, q_lora_rank=None,
+                  n_routed_experts=4, num_experts_per_tok=4, n_group=1, topk_group=1, n_shared_experts=1,
+                  first_k_dense_replace=1, moe_intermediate_size=64, rope_interleave=False)
+    model = AutoModelForCausalLM.from_config(DeepseekV3Config(**config), attn_implementation=NAME)
+    model = model.to(backend.device, backend.dtype).eval()
+    ref, lowp = copy.deepcopy(model).float(), copy.deepcopy(model).to(torch.bfloat16)
+    for m in (ref, lowp):
+        m.set_attn_implementation("sdpa")
+    return model, ref, lowp
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_deepseek_v3_mla_matches_sdpa(backend, padding, monkeypatch):
+    """MLA's value heads narrower than its query / key heads reach the kernels as they are (no padding in the
+    integration): prefill and one decode step against sdpa, and the kernels saw v's own head dim."""
+    if backend.device == "cuda" and 192 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 192 bf16 not compiled")
+    seen = []
+    for name in ("flash_attn_func", "flash_attn_varlen_func"):
+        inner = getattr(integration, name)
+        monkeypatch.setattr(integration, name, lambda q, k, v, *a, _f=inner, **kw: seen.append(
+            (q.shape[-1], v.shape[-1])) or _f(q, k, v, *a, **kw))
+    check_prefill_and_decode(backend, tiny_deepseek_v3(backend), padding)
+    expected = (192, 128) if backend.device == "cuda" else (24, 16)
+    assert seen and set(seen) == {expected}, seen
+
+
+@pytest.mark.gpu
+def test_deepseek_v3_trains_like_sdpa():
+    """One training step of the tiny DeepSeek-V3: loss and every gradient against sdpa's (fp32 and bf16)."""
+    if 192 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 192 bf16 not compiled")
+    backend = SimpleNamespace(device="cuda", dtype=torch.bfloat16, config=GPU_CONFIG, seq_len=128)
+    models = tiny_deepseek_v3(backend)
+    ids = torch.randint(GPU_CONFIG["vocab_size"], (2, 128), device="cuda")
+    losses, grads = [], []
+    for m in models:
+        m.train()
+        loss = m(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach().float())
+        grads.append(torch.cat([p.grad.float().flatten() for p in m.parameters()]))
+    check(losses[0], losses[1], losses[2], LOSS_ATOL, "loss")
+    check(grads[0], grads[1], grads[2], 1e-3, "gradients")
+
+
 @pytest.mark.gpu
 def test_gpt_oss_trains_with_sinks():
     """The sinks' gradient flows: one training step's loss and sink gradients against eager's."""

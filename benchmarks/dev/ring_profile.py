@@ -61,7 +61,8 @@ def profile(fn, label, rank, csv_dir):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
+    events = [e for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
     if not events:
         return f"{label}: no CUDA events"
     t0 = min(e.time_range.start for e in events)
@@ -95,6 +96,8 @@ def main():
     p.add_argument("--bwd", action="store_true", help="forward + backward (default: forward)")
     p.add_argument("--csv-dir", default=None)
     args = p.parse_args()
+    if args.csv_dir:
+        os.makedirs(args.csv_dir, exist_ok=True)
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))

@@ -2,8 +2,8 @@
 
 Each rank holds its shard of q, k, v (the layout's tokens: contiguous, zigzag or stripe; `zigzag_shard` /
 `stripe_shard` make them) and gets its shard of the output. K and V travel around the ring (`KVRing`: the caller's
-tensors on the first hop, no copy ahead of it), the next hop's exchange in flight while this step's blocks (the shared schedule, `_schedule.ring_tasks`) run; the
-partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K and V and carries each block's dK / dV
+tensors on the first hop, no copy ahead of it), the next hop's exchange in flight while this step's blocks (the
+shared schedule, `_schedule.ring_tasks`) run; the partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K and V and carries each block's dK / dV
 sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32 and come back in the inputs' dtype.
 GQA rotates the kv heads only.
 
@@ -104,8 +104,9 @@ class RingComm:
 class KVRing:
     """K and V going around the ring, one hop per step, the next hop in flight while the step's blocks run.
 
-    The first hop sends the caller's K and V themselves (contiguous ones as they are): nothing is queued on the
-    compute stream ahead of it (a packing copy was), so NCCL's transfer is ready to start before the step's first
+    The first hop sends the caller's K and V themselves (contiguous ones as they are), started before the ring
+    allocates its accumulators: nothing of the ring's is queued on the compute stream ahead of it (a packing copy
+    was), so NCCL's transfer is ready to start before the step's first
     kernel, which on Hopper is persistent (a block per SM until it ends) and would leave the transfer no SM, while the
     next rank's transfer waits for it. Later hops receive into two buffers of the call's, alternating: hop h
     overwrites the block step h - 1 read, whose kernels were queued before it (the exchange orders after them)."""
@@ -180,12 +181,14 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     check_ranks_agree(group, f"ring ({layout})", q, k, v)
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
+    kv = KVRing(comm, k, v)
+    if comm.world > 1:
+        kv.start_hop()  # the first hop, before anything else is queued on the compute stream
     out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
     first = True  # no block merged yet: out is 0 and lse -inf everywhere
-    kv = KVRing(comm, k, v)
     for step in range(comm.world):
-        if step + 1 < comm.world:
+        if 0 < step < comm.world - 1:
             kv.start_hop()  # the next step's block, in flight during this step's
         k_cur, v_cur = kv.kv
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
@@ -209,15 +212,17 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
     (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home."""
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
+    kv = KVRing(comm, k, v)
+    if comm.world > 1:
+        kv.start_hop()  # the first hop, before anything else is queued on the compute stream
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = KVRing(comm, k, v)
     sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
     # dK / dV of the held block in one flat fp32 buffer (sent as it is), two alternating: the one sent at step s is
     # done (its exchange waited for) before step s + 2 writes it again.
     flat = [torch.empty(k.numel() + v.numel(), dtype=acc, device=k.device) for _ in range(min(comm.world, 2))]
     for step in range(comm.world):
-        if step + 1 < comm.world:
+        if 0 < step < comm.world - 1:
             kv.start_hop()
         k_cur, v_cur = kv.kv
         sums = flat[step % 2].zero_()
@@ -234,8 +239,8 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             prev_dk, prev_dv = _unpack(_wait(sums_in), (dk, dv))
             dk += prev_dk
             dv += prev_dv
-        if comm.world == 1:  # nothing to send: the sums are this rank's own block's already
-            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+        if comm.world == 1:  # nothing to send: the sums are this rank's own block's already (copies: dk and dv
+            return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)  # share one buffer)
         sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
         if kv.pending is not None:
             kv.finish_hop()

@@ -40,12 +40,14 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
     check_ranks_agree(group, f"varlen ring ({layout})", q, k, v, torch.tensor(local_cu))
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
+    kv = KVRing(comm, k, v)
+    if comm.world > 1:
+        kv.start_hop()
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
-    kv = KVRing(comm, k, v)
     for step in range(comm.world):
-        if step + 1 < comm.world:
+        if 0 < step < comm.world - 1:
             kv.start_hop()
         k_cur, v_cur = kv.kv
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
@@ -67,12 +69,14 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
     """ring.ring_backward's schedule over documents: the next hop's keys in flight, the dK / dV sums one hop behind."""
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
+    kv = KVRing(comm, k, v)
+    if comm.world > 1:
+        kv.start_hop()
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-    kv = KVRing(comm, k, v)
     sums_in = None
     for step in range(comm.world):
-        if step + 1 < comm.world:
+        if 0 < step < comm.world - 1:
             kv.start_hop()
         k_cur, v_cur = kv.kv
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
@@ -92,7 +96,7 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
             dk += prev_dk
             dv += prev_dv
         if comm.world == 1:
-            return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+            return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
         sums_in = comm.exchange(_pack(dk, dv), tag=1)
         if kv.pending is not None:
             kv.finish_hop()

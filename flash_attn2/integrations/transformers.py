@@ -42,7 +42,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 
 try:
     from transformers import AttentionInterface, AttentionMaskInterface
@@ -116,9 +115,8 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
     (batch, kv_heads, seq_k, head_dim) -> (output (batch, seq_q, heads, head_dim) in query's dtype, None)."""
     _check_supported(attention_mask, output_attentions, kwargs)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # flash layout (batch, seq, heads, dim), views
-    head_dim, v_head_dim = q.shape[-1], v.shape[-1]
-    if v_head_dim != head_dim:  # MLA: smaller value heads, zero-padded as transformers' flash path does
-        v = F.pad(v, (0, head_dim - v_head_dim))
+    # MLA's value heads (d_v != d_qk) go as they are: the kernels take both head dims (a pair kernel, or padding
+    # inside the op where the build has none for the call); out has v's head dim.
     half = _half_dtype(query, module)
     q, k, v = (t.to(half) for t in (q, k, v))
     flash_kwargs = {
@@ -157,7 +155,7 @@ def flash_attn2_attention_forward(module, query, key, value, attention_mask, dro
         out = _flat_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, flash_kwargs)
     else:
         out = flash_attn_func(q, k, v, **flash_kwargs)
-    return out[..., :v_head_dim].to(query.dtype), None
+    return out.to(query.dtype), None
 
 
 def _check_supported(attention_mask, output_attentions, kwargs):

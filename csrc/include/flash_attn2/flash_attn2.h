@@ -179,9 +179,9 @@ struct BwdParams : FwdParams {
 int bwd_deterministic_splits(const BwdParams& params, int num_sms);
 
 // fp32 elements of workspace needed by softmax_d and dq_accum for these params. dq_accum's size depends
-// on the kernel the backward will pick (its GPU, FLASH_ATTN2_BACKEND; in deterministic mode the SM80
-// backward needs num_splits accumulators, the Hopper one one): ask with the params, device and environment
-// that run_bwd will see.
+// on the kernel the backward will pick (its GPU, FLASH_ATTN2_BACKEND, FLASH_ATTN2_SM_MARGIN; in deterministic
+// mode the SM80 backward needs num_splits accumulators, the Hopper one one): ask with the params, device and
+// environment that run_bwd will see.
 int64_t bwd_softmax_d_elems(const BwdParams& params);
 int64_t bwd_dq_accum_elems(const BwdParams& params);
 
@@ -195,8 +195,9 @@ int fwd_head_dim_bucket(int head_dim, DType dtype);
 bool fwd_serves_head_dim_v(const FwdParams& params);
 
 // The key splits run_fwd will use for params given a split_accum (>= 1; 1: no split): kv_splits, or where it is
-// 0 a choice from the shapes and the current device's SM count (never from device values). Where it is 0 and
-// split_accum is nullptr, run_fwd does not split.
+// 0 a choice from the shapes and the current device's SM count less FLASH_ATTN2_SM_MARGIN (never from device
+// values): ask under the environment run_fwd will see. Where it is 0 and split_accum is nullptr, run_fwd does not
+// split.
 int fwd_num_splits(const FwdParams& params);
 // fp32 elements of split_accum for num_splits splits: partial outputs (num_splits, batch, num_heads, seqlen_q,
 // head_dim), then partial LSEs (num_splits, batch, num_heads, seqlen_q). 0 for num_splits <= 1.
