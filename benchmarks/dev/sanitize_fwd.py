@@ -27,6 +27,19 @@ for backend in (None, "sm80") if _ops.ext.sm80_built else (None,):
 torch.cuda.synchronize()
 print("small: ok")
 
+# MLA (192, 128): the Hopper pair kernel (fixed, causal and not, GQA, a tail tile; varlen with a window and an empty
+# sequence; dropout; a sink), where the build has it; elsewhere the same calls run padded.
+if _ops.ext.fwd_head_dim_bucket(192, True) == 192:
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = torch.randn(2, 203, 8, 192, **bf16), torch.randn(2, 333, 2, 192, **bf16), torch.randn(2, 333, 2, 128, **bf16)
+    for causal, p in ((False, 0.0), (True, 0.0), (True, 0.2)):
+        flash_attn_func(q, k, v, causal=causal, dropout_p=p, learnable_sink=torch.randn(8, device="cuda"))
+    cu_q = torch.tensor([0, 150, 150, 203], device="cuda", dtype=torch.int32)
+    cu_k = torch.tensor([0, 200, 210, 333], device="cuda", dtype=torch.int32)
+    flash_attn_varlen_func(q[0], k[0], v[0], cu_q, cu_k, 150, 200, causal=True, window_size=(64, 0))
+    torch.cuda.synchronize()
+    print("mla: ok")
+
 for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
     bf16 = dict(device="cuda", dtype=torch.bfloat16)
     q, k, v = torch.randn(4, 2, 8, d, **bf16), torch.randn(4, 2, 2, d, **bf16), torch.randn(4, 2, 2, d, **bf16)
