@@ -407,7 +407,11 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
 
 bool fwd_serves_head_dim_v(const FwdParams& p) {
   if (p.head_dim_v == 0 || p.head_dim_v == p.head_dim) return true;
-  if (p.head_dim_v < 0 || p.head_dim_v > p.head_dim || uses_split_kernel(p) || !device_is_sm90()) return false;
+  if ((p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) || p.head_dim <= 0 || p.head_dim > 256 ||
+      p.head_dim % 8 != 0 || p.head_dim_v < 0 || p.head_dim_v > p.head_dim || p.head_dim_v % 8 != 0) {
+    return false;  // what run_fwd refuses (fwd_params_problem)
+  }
+  if (uses_split_kernel(p) || !device_is_sm90()) return false;
   std::string backend;
   if (!requested_backend(&backend)) {
     last_error.clear();  // run_fwd says it

@@ -980,4 +980,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);
   m.attr("compact_tiles") = bool(FLASH_ATTN2_COMPACT_TILES);
   m.attr("sm80_built") = bool(FLASH_ATTN2_COMPILED_SM80);  // the SM80 path (FLASH_ATTN2_SM80=1 on sm_90 builds)
+  // The Hopper forward's (d_qk, d_v) pair kernels, flattened (FLASH_ATTN2_HEAD_DIM_PAIRS; empty without the path).
+  m.attr("head_dim_pairs") = std::vector<int>{FLASH_ATTN2_FWD_SM90_PAIRS};
 }

@@ -77,6 +77,14 @@ def _window(causal: bool, window_size, max_seqlen_q: int, max_seqlen_k: int) -> 
     return left == -1 and right == 0, left, right
 
 
+def _widen(q, k, v):
+    """q, k, v with the narrower of q / k's and v's head dims zero-padded to the other's (exact: zero columns change no
+    score, and the callers pass the softmax scale)."""
+    d, d_v = q.shape[-1], v.shape[-1]
+    pad = torch.nn.functional.pad
+    return (q, k, pad(v, (0, d - d_v))) if d_v < d else (pad(q, (0, d_v - d)), pad(k, (0, d_v - d)), v)
+
+
 def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
     """FLASH_ATTN2_CHECK_INPUTS=1: the values inside cu_seqlens, read back to the host (a sync)."""
     values = cu_seqlens.tolist()
@@ -132,6 +140,12 @@ def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
     if out is None and dropout_p == 0.0:
         return _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, *window,
                         softcap, alibi_slopes, False, 0.0, learnable_sink)[:2]
+    if v.shape[-1] != q.shape[-1]:  # MLA into given memory or with given dropout state: on padded tensors
+        wide, lse = _flash_attn_forward(*_widen(q, k, v), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                        softmax_scale, causal, None, softmax_lse, window, softcap, alibi_slopes,
+                                        dropout_p, rng_state, learnable_sink)
+        wide = wide[..., :v.shape[-1]]
+        return (wide.contiguous() if out is None else out.copy_(wide)), lse
     if out is None:
         out = torch.empty_like(q)
         softmax_lse = q.new_empty(_ops.lse_shape(q, cu_seqlens_q is not None), dtype=torch.float32)
@@ -148,6 +162,19 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
     if dq is None and dropout_p == 0.0:
         return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)[:3]
+    if v.shape[-1] != q.shape[-1]:  # MLA: on padded tensors (zero columns change no gradient), cut back
+        width = max(q.shape[-1], v.shape[-1])
+        widen = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1]))  # noqa: E731
+        grads = _flash_attn_backward(widen(dout), widen(q), widen(k), widen(v), widen(out), softmax_lse, cu_seqlens_q,
+                                     cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic,
+                                     window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                                     rng_state=rng_state)
+        cut = [g[..., :t.shape[-1]] for g, t in zip(grads, (q, k, v))]
+        if dq is None:
+            return tuple(g.contiguous() for g in cut)
+        for into, g in zip((dq, dk, dv), cut):
+            into.copy_(g)
+        return dq, dk, dv
     if dq is None:
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -2,6 +2,8 @@
 flash_attn_varlen_func: forward and backward against the float32 reference (GPU), on the Hopper pair kernel where the
 build has one (FLASH_ATTN2_HEAD_DIM_PAIRS) and padded inside the ops elsewhere; the fake and the checks on the CPU."""
 
+import os
+
 import pytest
 import torch
 
@@ -81,9 +83,13 @@ def _pair_kernel_ran(fn):
     return any("FwdTraitsSm90<192" in n and ", 128>" in n for n in names), names
 
 
-def _pair_expected():
-    return (torch.cuda.get_device_capability() == (9, 0) and "sm_90a" in flash_attn2._ops.ext.built_archs.split(";")
-            and 192 in flash_attn2.compiled_head_dims(torch.bfloat16))
+def _pair_expected(dtype=torch.bfloat16):
+    """Whether this build and GPU run (192, 128) on its pair kernel: built (ext.head_dim_pairs, which
+    FLASH_ATTN2_HEAD_DIM_PAIRS decides), an sm_90 GPU, the dtype compiled, FLASH_ATTN2_BACKEND not sm80."""
+    pairs = list(flash_attn2._ops.ext.head_dim_pairs)
+    built = (192, 128) in zip(pairs[::2], pairs[1::2])
+    return (built and torch.cuda.get_device_capability() == (9, 0) and 192 in flash_attn2.compiled_head_dims(dtype)
+            and os.environ.get("FLASH_ATTN2_BACKEND", "auto") != "sm80")
 
 
 @pytest.mark.gpu
@@ -121,6 +127,9 @@ def test_mla_pair_kernel_and_fallback(case, monkeypatch):
                                              c.float() if up else c, True, up)[0]
     ran, names = _pair_kernel_ran(call)
     assert ran == (_pair_expected() and case != "decode"), names
+    if case == "dense" and flash_attn2._ops.ext.sm80_built:  # the SM80 path pads: the same answer, checked below
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+        assert not _pair_kernel_ran(call)[0]
     if case == "dropout":  # the keep pattern is checked against padding: same seed, same bits
         torch.manual_seed(5)
         out = call()
@@ -147,3 +156,75 @@ def test_mla_pair_kernel_and_fallback(case, monkeypatch):
     for name, g, r, p in zip("qkv", grads, refs[0][1:], refs[1][1:]):
         ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
         assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d_qk,d_v", [(192, 128), (176, 112), (192, 100)])  # partial buckets on the pair kernel
+@pytest.mark.parametrize("variant", ["plain", "softcap_alibi", "sink"])
+def test_mla_pair_variants(dtype, d_qk, d_v, variant):
+    """The pair kernel's forward with head dims inside its buckets (V / O columns past d_v, Q / K past d_qk: zero
+    filled and never stored; d_v 100 is padded to 104 by the op), fp16 and bf16, softcap with ALiBi (the extended
+    kernel) and a sink, against the float32 reference under the 2x rule."""
+    if 192 not in flash_attn2.compiled_head_dims(dtype):
+        pytest.skip(f"head dim 192 {dtype} not compiled")
+    q = torch.randn(2, 257, 8, d_qk, device="cuda", dtype=dtype)
+    k = torch.randn(2, 300, 2, d_qk, device="cuda", dtype=dtype)
+    v = torch.randn(2, 300, 2, d_v, device="cuda", dtype=dtype)
+    extra = {}
+    if variant == "softcap_alibi":
+        extra = dict(softcap=20.0, alibi_slopes=torch.rand(8, device="cuda"))
+    elif variant == "sink":
+        extra = dict(learnable_sink=torch.randn(8, device="cuda"))
+    call = lambda: flash_attn2.flash_attn_func(q, k, v, causal=True, **extra)  # noqa: E731
+    ran, names = _pair_kernel_ran(call)
+    assert ran == _pair_expected(dtype), names
+    out = call()
+    assert out.shape == (2, 257, 8, d_v)
+    pad = lambda t: torch.nn.functional.pad(t, (0, d_qk - d_v))  # noqa: E731
+    refs = [attention_ref(q, k, pad(v), True, upcast=up, softcap=extra.get("softcap", 0.0),
+                          alibi_slopes=extra.get("alibi_slopes"), sink=extra.get("learnable_sink"))[0][..., :d_v]
+            for up in (True, False)]
+    ok, err, err_pt = within_tolerance(out, *refs)
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+
+
+@pytest.mark.gpu
+def test_internal_entry_points_take_mla():
+    """flash-attn's private _flash_attn_forward / _backward (the peer shim's, and callers that pass out= or dropout's
+    rng_state) with d_v != d_qk: on padded tensors, into the given memory."""
+    if 192 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 192 not compiled")
+    from flash_attn2.flash_attn_interface import _flash_attn_backward, _flash_attn_forward
+    q = torch.randn(1, 130, 4, 192, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 130, 4, 192, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, 130, 4, 128, device="cuda", dtype=torch.bfloat16)
+    scale = 192 ** -0.5
+    ref, ref_lse = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True)
+    out = torch.full_like(ref, float("nan"))
+    got, lse = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True, out=out,
+                                   softmax_lse=torch.empty_like(ref_lse))
+    assert got is out and (out.float() - ref.float()).abs().max() <= 1e-2 and torch.allclose(lse, ref_lse, atol=1e-3)
+    dout = torch.randn_like(ref)
+    grads = _flash_attn_backward(dout, q, k, v, ref, ref_lse, None, None, 0, 0, scale, True, False)
+    given = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    _flash_attn_backward(dout, q, k, v, ref, ref_lse, None, None, 0, 0, scale, True, False, *given)
+    for g, r in zip(given, grads):
+        assert g.shape == r.shape and (g.float() - r.float()).abs().max() <= 1e-2
+    rng = torch.tensor([7, 0], device="cuda", dtype=torch.int64)  # dropout with a given (seed, offset)
+    a = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True, dropout_p=0.1, rng_state=rng)[0]
+    b = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True, dropout_p=0.1, rng_state=rng)[0]
+    assert a.shape == ref.shape and torch.equal(a, b)
+
+
+def test_distributed_forms_refuse_mla():
+    """The ring and all-gather forms raise NotImplementedError naming v's head dim (before any collective)."""
+    from flash_attn2.distributed import llama3, ring, ring_varlen
+    q, v = torch.zeros(1, 8, 2, 192), torch.zeros(1, 8, 2, 128)
+    with pytest.raises(NotImplementedError, match=r"v's head dim \(128\) other than q's \(192\)"):
+        ring.zigzag_ring_flash_attn_func(q, q, v, causal=True)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="MLA"):
+        ring_varlen.zigzag_ring_flash_attn_varlen_func(q[0], q[0], v[0], cu, 8, causal=True)
+    with pytest.raises(NotImplementedError, match="MLA"):
+        llama3.llama3_flash_attn_varlen_func(q[0], q[0], v[0], cu, cu, 8, 8, 1, slice(0, 8), causal=True)

@@ -165,6 +165,9 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
     return_attn_probs, (out, lse (heads, local tokens), None))."""
     if dropout_p:
         raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the all-gather path is not supported")
+    if v.shape[-1] != q.shape[-1]:
+        raise NotImplementedError(f"flash_attn2.distributed: v's head dim ({v.shape[-1]}) other than q's "
+                                  f"({q.shape[-1]}) (MLA) on the all-gather path is not supported yet")
     if alibi_slopes is not None:
         raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the all-gather path is not supported")
     window = (int(window_size[0]), int(window_size[1]))

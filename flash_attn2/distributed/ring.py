@@ -308,6 +308,9 @@ def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, a
                return_attn_probs, group, backend=None, softcap=0.0):
     if dropout_p:
         raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the ring is not supported")
+    if v.shape[-1] != q.shape[-1]:
+        raise NotImplementedError(f"flash_attn2.distributed: v's head dim ({v.shape[-1]}) other than q's "
+                                  f"({q.shape[-1]}) (MLA) on the ring is not supported yet")
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet")
     if alibi_slopes is not None:

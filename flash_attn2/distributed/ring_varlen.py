@@ -124,6 +124,9 @@ def _varlen_func(layout, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_sca
                  alibi_slopes, deterministic, return_attn_probs, group, backend=None):
     if dropout_p:
         raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the ring is not supported")
+    if v.shape[-1] != q.shape[-1]:
+        raise NotImplementedError(f"flash_attn2.distributed: v's head dim ({v.shape[-1]}) other than q's "
+                                  f"({q.shape[-1]}) (MLA) on the ring is not supported yet")
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet (the "
                                   "all-gather form, llama3_flash_attn_varlen_func, takes causal windows)")

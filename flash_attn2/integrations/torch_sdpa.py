@@ -72,6 +72,8 @@ def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_d
     if return_debug_mask:
         return "return_debug_mask=True"
     head_dim = q.shape[-1]
+    if any(t.dim() == q.dim() and t.shape[-1] != head_dim for t in tensors):
+        return "head dims differ among q, k, v (PyTorch's flash ops take one)"
     if not 0 < head_dim <= 256 or _ops.ext.fwd_head_dim_bucket(head_dim, q.dtype == torch.bfloat16) == 0:
         return f"head dim {head_dim} in {q.dtype} is not compiled in this flash_attn2 build"
     return None
