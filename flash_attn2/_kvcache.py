@@ -71,6 +71,10 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         raise ValueError("flash_attn2: batch size must be positive, got an empty batch (q.shape[0] == 0)")
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
+    if k_cache.shape[:-1] == v_cache.shape[:-1] and k_cache.shape[-1] != v_cache.shape[-1]:
+        raise NotImplementedError(f"flash_attn2: v_cache's head dim ({v_cache.shape[-1]}) other than k_cache's "
+                                  f"({k_cache.shape[-1]}) (MLA) is not supported by flash_attn_with_kvcache yet; "
+                                  "flash_attn_func and flash_attn_varlen_func take it")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"flash_attn2: k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")

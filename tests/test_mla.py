@@ -228,3 +228,11 @@ def test_distributed_forms_refuse_mla():
         ring_varlen.zigzag_ring_flash_attn_varlen_func(q[0], q[0], v[0], cu, 8, causal=True)
     with pytest.raises(NotImplementedError, match="MLA"):
         llama3.llama3_flash_attn_varlen_func(q[0], q[0], v[0], cu, cu, 8, 8, 1, slice(0, 8), causal=True)
+
+
+def test_kvcache_refuses_mla():
+    """flash_attn_with_kvcache with a narrower v_cache: NotImplementedError naming it (not a shape error)."""
+    q = torch.zeros(1, 1, 2, 192, dtype=torch.bfloat16)
+    k_cache, v_cache = torch.zeros(1, 8, 2, 192, dtype=torch.bfloat16), torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"v_cache's head dim \(128\) other than k_cache's \(192\) \(MLA\)"):
+        flash_attn2.flash_attn_with_kvcache(q, k_cache, v_cache)
