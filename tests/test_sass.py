@@ -74,9 +74,13 @@ SHORT_TILE_HEAD_DIMS = {256}
 
 
 def test_hopper_forward_kernels_use_wgmma():
+    """Every head dim's kernels, and three more per (dtype, head-dim pair) the build has (ext.head_dim_pairs: MLA's
+    (192, 128)), built for each compiled dtype whose pair's q / k head dim is compiled."""
     dims = _compiled_head_dims()
+    flat = list(_ops.ext.head_dim_pairs)
+    pair_kernels = sum(3 for d_qk in flat[::2] for dtype, d in dims if d == d_qk)
     _check_wgmma(_hopper_kernels("fwd_kernel_sm90"), dims, "forward",
-                 extra=sum(d in SHORT_TILE_HEAD_DIMS for _, d in dims))
+                 extra=sum(d in SHORT_TILE_HEAD_DIMS for _, d in dims) + pair_kernels)
 
 
 # Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi,
