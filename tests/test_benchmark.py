@@ -30,6 +30,14 @@ def test_model_flops_are_per_sequence_causal():
     assert models.causal_flops([64], 1, 64, "fwd_train") == models.causal_flops([64], 1, 64, "fwd")
 
 
+def test_model_flops_of_mla():
+    """v's own head dim (MLA): Q K^T over d_qk, P V over d_v: 2 * h * s^2 * (d_qk + d_v) / 2 causal; the models'
+    DeepSeek-V3 shape carries it."""
+    assert models.causal_flops([256], 16, 192, "fwd", hdim_v=128) == 2 * 16 * 256 ** 2 * (192 + 128) / 2
+    assert models.causal_flops([256], 16, 192, "fwd_bwd", hdim_v=192) == models.causal_flops([256], 16, 192, "fwd_bwd")
+    assert models.V_HEAD_DIMS["deepseek-v3-tp8"] == 128 and models.MODELS["deepseek-v3-tp8"] == (16, 16, 192)
+
+
 def test_model_flops_count_a_window_visible_pairs():
     # A causal window of w keys sees min(i + 1, w) keys at row i: 4 * h * d per pair; none wider than s.
     s, w = 100, 30

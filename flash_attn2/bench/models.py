@@ -35,7 +35,10 @@ MODELS = {
     "mistral-7b": (32, 8, 128),
     "gemma2-9b-local": (16, 8, 256),
     "gemma2-9b-global": (16, 8, 256),
+    "deepseek-v3-tp8": (16, 16, 192),  # MLA: 128 heads over 8 GPUs; v's head dim in V_HEAD_DIMS
 }
+# Models whose value heads are narrower than their query / key heads (MLA: DeepSeek-V3 trains with 192 / 128).
+V_HEAD_DIMS = {"deepseek-v3-tp8": 128}
 # The models' other attention features: Mistral's sliding window; Gemma 2's logit softcap on every layer and
 # its 4096-key window on alternate (local) layers. PyTorch has no softcap; only its varlen attention takes a
 # window, so SDPA sits these out (and varlen_attn the softcapped ones).
@@ -63,12 +66,13 @@ def packed_lengths(tokens: int) -> list[int]:
     return lengths
 
 
-def causal_flops(lengths, nheads, hdim, pass_, window=None):
+def causal_flops(lengths, nheads, hdim, pass_, window=None, hdim_v=None):
     """FA2's count, halved for causal: 4 * h * s^2 * d / 2 per sequence (a causal window of w keys: 4 * h * d
-    per visible pair); backward 2.5x."""
+    per visible pair); backward 2.5x. With v's own head dim, 2 * h * s^2 * (d + d_v) / 2 (Q K^T and P V)."""
     def pairs2(s):  # twice the visible pairs, s^2 for plain causal as FA2 counts it
         return s * s if window is None or window >= s else 2 * (window * (window + 1) // 2 + (s - window) * window)
-    fwd = sum(2 * nheads * pairs2(s) * hdim for s in lengths)
+    width = hdim if hdim_v is None else (hdim + hdim_v) / 2
+    fwd = sum(2 * nheads * pairs2(s) * width for s in lengths)
     return {"fwd": fwd, "fwd_train": fwd, "bwd": 2.5 * fwd, "fwd_bwd": 3.5 * fwd}[pass_]
 
 
@@ -121,7 +125,7 @@ def varlen_fn(impl, q, k, v, cu, max_len, features=None):
     if impl in FLASH_ATTN2_BACKENDS:
         kwargs = ours_kwargs(features)  # its path: make_run
         return (lambda: flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=True, **kwargs)), (q, k, v)
-    if impl == "torch_varlen" and "softcap" not in features:
+    if impl == "torch_varlen" and "softcap" not in features and v.shape[-1] == q.shape[-1]:
         try:
             from torch.nn.attention.varlen import varlen_attn
         except ImportError:
@@ -137,19 +141,21 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
     rows = []
     for shape in models:
         nheads, nheads_k, hdim = MODELS[shape]
+        hdim_v = V_HEAD_DIMS.get(shape, hdim)
         features = FEATURES.get(shape, {})
         points = [(s, [s] * max(1, tokens // s)) for s in seqlens] + [("packed", packed_lengths(tokens))]
         for seqlen, lengths in points:
             grad = any(p in ("bwd", "fwd_bwd") for p in passes)
             packed = seqlen == "packed"
             total, batch = sum(lengths), len(lengths)
-            make = lambda h, *lead: torch.randn(*lead, h, hdim, device="cuda", dtype=dtype, requires_grad=grad)
+            make = lambda h, *lead, d=hdim: torch.randn(*lead, h, d, device="cuda", dtype=dtype, requires_grad=grad)
             if packed:
-                q, k, v = make(nheads, total), make(nheads_k, total), make(nheads_k, total)
+                q, k, v = make(nheads, total), make(nheads_k, total), make(nheads_k, total, d=hdim_v)
                 cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
             else:
-                q, k, v = make(nheads, batch, seqlen), make(nheads_k, batch, seqlen), make(nheads_k, batch, seqlen)
-            dout = torch.randn_like(q)
+                q, k = make(nheads, batch, seqlen), make(nheads_k, batch, seqlen)
+                v = make(nheads_k, batch, seqlen, d=hdim_v)
+            dout = torch.randn(*q.shape[:-1], hdim_v, device="cuda", dtype=dtype)  # out has v's head dim
             line = []
             for pass_ in passes:
                 runs = {}
@@ -171,7 +177,7 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
                             if packed or impl not in SDPA_BACKENDS:
                                 break
                 for impl, ms in time_interleaved(runs, reps, rounds).items():
-                    tflops = causal_flops(lengths, nheads, hdim, pass_, features.get("window")) / ms / 1e9
+                    tflops = causal_flops(lengths, nheads, hdim, pass_, features.get("window"), hdim_v) / ms / 1e9
                     rows.append(dict(gpu=gpu, impl=impl, shape=shape, dtype="bf16", hdim=hdim, causal=True,
                                      seqlen=seqlen, batch=batch, nheads=nheads, nheads_k=nheads_k, **{"pass": pass_},
                                      ms=round(ms, 5), tflops=round(tflops, 2)))
