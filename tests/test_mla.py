@@ -236,3 +236,25 @@ def test_kvcache_refuses_mla():
     k_cache, v_cache = torch.zeros(1, 8, 2, 192, dtype=torch.bfloat16), torch.zeros(1, 8, 2, 128, dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match=r"v_cache's head dim \(128\) other than k_cache's \(192\) \(MLA\)"):
         flash_attn2.flash_attn_with_kvcache(q, k_cache, v_cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d_v", [128, 100, 200])  # on the pair kernel, padded to 104 first, q / k padded to 200
+def test_opcheck_mla(d_v):
+    """The ops with v's own head dim: opcheck (eager, FakeTensor, AOTAutograd; the fake's out in v's head dim, the
+    backward's dv in v's shape) and torch.compile(fullgraph=True) giving the eager bits."""
+    if 192 not in flash_attn2.compiled_head_dims(torch.bfloat16) or (d_v > 192 and 224 not in
+                                                                    flash_attn2.compiled_head_dims(torch.bfloat16)):
+        pytest.skip("head dim 192 (and 224 for d_v 200) not compiled")
+    from flash_attn2 import _ops
+    q = torch.randn(2, 97, 4, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 80, 2, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, 80, 2, d_v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    args = (None, None, 97, 80, 192 ** -0.5, True, -1, -1, 0.0, None, False)
+    torch.library.opcheck(_ops.fwd, (q, k, v, *args))
+    out, lse, _ = _ops.fwd(q, k, v, *args)
+    assert out.shape == (2, 97, 4, d_v)
+    dout = torch.randn_like(out)
+    torch.library.opcheck(_ops.bwd, (dout, *(t.detach() for t in (q, k, v, out, lse)), *args))
+    compiled = torch.compile(lambda a, b, c: flash_attn2.flash_attn_func(a, b, c, causal=True), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), flash_attn2.flash_attn_func(q, k, v, causal=True))
