@@ -62,6 +62,11 @@ def _block(task, q, k, v):
     return qb, kb, vb, task.mask == CAUSAL, task.q[0], task.k
 
 
+def _writes_every_row(task, rows):
+    """Whether the task's block writes all `rows` query rows (_block's first row is 0, its last the shard's)."""
+    return task.q == (0, rows) and task.mask != CAUSAL_STRICT
+
+
 # ---- Communication ----
 
 _BARRIER_DONE: set = set()  # groups whose first batched P2P has followed a barrier
@@ -184,9 +189,16 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     kv = KVRing(comm, k, v)
     if comm.world > 1:
         kv.start_hop()  # the first hop, before anything else is queued on the compute stream
-    out = torch.zeros(q.shape, dtype=torch.float32 if q.dtype != torch.float64 else torch.float64, device=q.device)
-    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=out.dtype, device=q.device)
-    first = True  # no block merged yet: out is 0 and lse -inf everywhere
+    acc = torch.float32 if q.dtype != torch.float64 else torch.float64
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    if _writes_every_row(ring_tasks(layout, seqlen, comm.world, comm.rank, 0, causal)[0], q.shape[1]):
+        # The own-keys step's first block covers every row (every layout's, causal or not): copied, not merged,
+        # so out and lse need no fill.
+        out, lse = torch.empty(q.shape, dtype=acc, device=q.device), torch.empty(lse_shape, dtype=acc, device=q.device)
+    else:
+        out = torch.zeros(q.shape, dtype=acc, device=q.device)
+        lse = torch.full(lse_shape, float("-inf"), dtype=acc, device=q.device)
+    first = True  # no block merged yet
     for step in range(comm.world):
         if 0 < step < comm.world - 1:
             kv.start_hop()  # the next step's block, in flight during this step's
@@ -195,7 +207,7 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
             qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
             bout, blse = backend.forward(qb, kb, vb, block_causal, scale)
             rows = slice(row0, task.q[1])
-            if first and (row0, task.q[1]) == (0, q.shape[1]):  # every row's first block: a copy, not a merge
+            if first and _writes_every_row(task, q.shape[1]):  # every row's first block: a copy, not a merge
                 out.copy_(bout)
                 lse.copy_(blse)
             else:
