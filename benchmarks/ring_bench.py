@@ -75,19 +75,12 @@ def comm_only(k, v, world, backward):
     """The ring's transfers alone, in its order: K + V around (world - 1 hops); with the backward, K + V around again
     and the fp32 dK / dV sums world hops."""
     comm = ring.RingComm(None)
-    kv = ring.KVRing(comm, k, v)
-    for _ in range(world - 1):
-        kv.start_hop()
-        kv.finish_hop()
+    for _ in ring.KVRing(comm, k, v).steps():
+        pass
     if backward:
-        kv = ring.KVRing(comm, k, v)
         sums = torch.zeros(k.numel() + v.numel(), dtype=torch.float32, device=k.device)
-        for step in range(world):
-            if step + 1 < world:
-                kv.start_hop()
+        for _ in ring.KVRing(comm, k, v).steps():
             sums = ring._wait(comm.exchange(sums, tag=1))
-            if kv.pending is not None:
-                kv.finish_hop()
 
 
 def merge_only(q, k, world, rank, backward, blocks):

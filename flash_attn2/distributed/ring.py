@@ -107,14 +107,15 @@ class RingComm:
 
 
 class KVRing:
-    """K and V going around the ring, one hop per step, the next hop in flight while the step's blocks run.
+    """K and V going around the ring, one hop per step, the next hop in flight while the step's blocks run:
+    `for step, (k, v) in KVRing(comm, k, v).steps():`.
 
-    The first hop sends the caller's K and V themselves (contiguous ones as they are), started before the ring
-    allocates its accumulators: nothing of the ring's is queued on the compute stream ahead of it (a packing copy
-    was), so NCCL's transfer is ready to start before the step's first
-    kernel, which on Hopper is persistent (a block per SM until it ends) and would leave the transfer no SM, while the
-    next rank's transfer waits for it. Later hops receive into two buffers of the call's, alternating: hop h
-    overwrites the block step h - 1 read, whose kernels were queued before it (the exchange orders after them)."""
+    The first hop starts at construction and sends the caller's K and V themselves (contiguous ones as they are):
+    built before the ring allocates its accumulators, nothing of the ring's is queued on the compute stream ahead of
+    it (a packing copy was), so NCCL's transfer is ready to start before the step's first kernel, which on Hopper is
+    persistent (a block per SM until it ends) and would leave the transfer no SM, while the next rank's transfer
+    waits for it. Later hops receive into two buffers of the call's, alternating: hop h overwrites the block step
+    h - 1 read, whose kernels were queued before it (the exchange orders after them)."""
 
     def __init__(self, comm: RingComm, k: torch.Tensor, v: torch.Tensor, tag: int = 0):
         self.comm, self.tag = comm, tag
@@ -122,8 +123,10 @@ class KVRing:
         self.buffers: list = []
         self.pending = None
         self.hops = 0
+        if comm.world > 1:
+            self._start_hop()
 
-    def start_hop(self) -> None:
+    def _start_hop(self) -> None:
         """The previous rank's current block, on its way here (world - 1 hops in all)."""
         slot = self.hops % 2
         if slot == len(self.buffers):
@@ -131,9 +134,16 @@ class KVRing:
         self.pending = self.comm.exchange(self.kv, self.buffers[slot], self.tag)
         self.hops += 1
 
-    def finish_hop(self) -> None:
-        self.kv = _wait(self.pending)
-        self.pending = None
+    def steps(self):
+        """(step, (k, v) held at it) for every step; the next hop is in flight while the caller's loop body runs,
+        and received after it."""
+        for step in range(self.comm.world):
+            if 0 < step < self.comm.world - 1:
+                self._start_hop()
+            yield step, self.kv
+            if self.pending is not None:
+                self.kv = _wait(self.pending)
+                self.pending = None
 
 
 def _wait(pending):
@@ -186,10 +196,8 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     check_ranks_agree(group, f"ring ({layout})", q, k, v)
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
-    kv = KVRing(comm, k, v)
-    if comm.world > 1:
-        kv.start_hop()  # the first hop, before anything else is queued on the compute stream
-    acc = torch.float32 if q.dtype != torch.float64 else torch.float64
+    kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream
+    acc = torch.promote_types(q.dtype, torch.float32)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1])
     if _writes_every_row(ring_tasks(layout, seqlen, comm.world, comm.rank, 0, causal)[0], q.shape[1]):
         # The own-keys step's first block covers every row (every layout's, causal or not): copied, not merged,
@@ -199,10 +207,7 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
         out = torch.zeros(q.shape, dtype=acc, device=q.device)
         lse = torch.full(lse_shape, float("-inf"), dtype=acc, device=q.device)
     first = True  # no block merged yet
-    for step in range(comm.world):
-        if 0 < step < comm.world - 1:
-            kv.start_hop()  # the next step's block, in flight during this step's
-        k_cur, v_cur = kv.kv
+    for step, (k_cur, v_cur) in kv.steps():
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
             bout, blse = backend.forward(qb, kb, vb, block_causal, scale)
@@ -213,8 +218,6 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
             else:
                 merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
             first = False
-        if kv.pending is not None:
-            kv.finish_hop()
     return out, lse
 
 
@@ -224,19 +227,14 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
     (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home."""
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
-    kv = KVRing(comm, k, v)
-    if comm.world > 1:
-        kv.start_hop()  # the first hop, before anything else is queued on the compute stream
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream
+    acc = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
     # dK / dV of the held block in one flat fp32 buffer (sent as it is), two alternating: the one sent at step s is
     # done (its exchange waited for) before step s + 2 writes it again.
     flat = [torch.empty(k.numel() + v.numel(), dtype=acc, device=k.device) for _ in range(min(comm.world, 2))]
-    for step in range(comm.world):
-        if 0 < step < comm.world - 1:
-            kv.start_hop()
-        k_cur, v_cur = kv.kv
+    for step, (k_cur, v_cur) in kv.steps():
         sums = flat[step % 2].zero_()
         dk, dv = _unpack(sums, (k, v))
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
@@ -254,8 +252,6 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
         if comm.world == 1:  # nothing to send: the sums are this rank's own block's already (copies: dk and dv
             return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)  # share one buffer)
         sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
-        if kv.pending is not None:
-            kv.finish_hop()
     dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))  # this rank's own block, from every rank
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

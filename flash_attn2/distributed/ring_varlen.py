@@ -41,15 +41,10 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
     kv = KVRing(comm, k, v)
-    if comm.world > 1:
-        kv.start_hop()
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = torch.promote_types(q.dtype, torch.float32)
     out = torch.zeros(q.shape, dtype=acc, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=acc, device=q.device)
-    for step in range(comm.world):
-        if 0 < step < comm.world - 1:
-            kv.start_hop()
-        k_cur, v_cur = kv.kv
+    for step, (k_cur, v_cur) in kv.steps():
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
             qi, cu_q, max_q = _select(local_cu, chunks, *task.q, q.device)
             ki, cu_k, max_k = _select(local_cu, chunks, *task.k, q.device)
@@ -60,8 +55,6 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
             o, l = out[qi].unsqueeze(0), lse[:, qi].unsqueeze(0)
             merge_partial(o, l, bout.unsqueeze(0), blse.unsqueeze(0))
             out[qi], lse[:, qi] = o[0], l[0]
-        if kv.pending is not None:
-            kv.finish_hop()
     return out, lse
 
 
@@ -70,15 +63,10 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
     kv = KVRing(comm, k, v)
-    if comm.world > 1:
-        kv.start_hop()
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    acc = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     sums_in = None
-    for step in range(comm.world):
-        if 0 < step < comm.world - 1:
-            kv.start_hop()
-        k_cur, v_cur = kv.kv
+    for step, (k_cur, v_cur) in kv.steps():
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for task in _tasks(layout, comm.world, comm.rank, step, causal):
@@ -98,8 +86,6 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
         if comm.world == 1:
             return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
         sums_in = comm.exchange(_pack(dk, dv), tag=1)
-        if kv.pending is not None:
-            kv.finish_hop()
     dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
