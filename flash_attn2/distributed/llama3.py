@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .ring import refuse_unsupported
+
 
 def llama3_flash_attn_prepare_cu_seqlens(cu_seqlens: torch.Tensor, causal: bool, rank: int, world_size: int):
     """ring-flash-attn's: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, local_k_slice) of this rank's
@@ -163,11 +165,7 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
     packed sequence, cu_seqlens_q / _k, max_seqlen_q / _k and local_k_slice from llama3_flash_attn_prepare_cu_seqlens;
     heads_k_stride kv heads gathered at a time (a divisor of k's heads). Returns the local out (and with
     return_attn_probs, (out, lse (heads, local tokens), None))."""
-    if dropout_p:
-        raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the all-gather path is not supported")
-    if v.shape[-1] != q.shape[-1]:
-        raise NotImplementedError(f"flash_attn2.distributed: v's head dim ({v.shape[-1]}) other than q's "
-                                  f"({q.shape[-1]}) (MLA) on the all-gather path is not supported yet")
+    refuse_unsupported("the all-gather path", q, v, dropout_p)
     if alibi_slopes is not None:
         raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the all-gather path is not supported")
     window = (int(window_size[0]), int(window_size[1]))

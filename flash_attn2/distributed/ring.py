@@ -312,13 +312,18 @@ def _ring_grad(ctx, dout, _dlse):
 _ring_fwd.register_autograd(_ring_grad, setup_context=_ring_setup)
 
 
-def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
-               return_attn_probs, group, backend=None, softcap=0.0):
+def refuse_unsupported(where: str, q, v, dropout_p) -> None:
+    """What no form of flash_attn2.distributed takes yet (`where`: the form), as NotImplementedError naming it."""
     if dropout_p:
-        raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the ring is not supported")
+        raise NotImplementedError(f"flash_attn2.distributed: dropout_p > 0 on {where} is not supported")
     if v.shape[-1] != q.shape[-1]:
         raise NotImplementedError(f"flash_attn2.distributed: v's head dim ({v.shape[-1]}) other than q's "
-                                  f"({q.shape[-1]}) (MLA) on the ring is not supported yet")
+                                  f"({q.shape[-1]}) (MLA) on {where} is not supported yet")
+
+
+def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
+               return_attn_probs, group, backend=None, softcap=0.0):
+    refuse_unsupported("the ring", q, v, dropout_p)
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet")
     if alibi_slopes is not None:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
-from .ring import KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree
+from .ring import KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree, refuse_unsupported
 
 _CHUNKS = {"contiguous": 1, "zigzag": 2}
 
@@ -108,11 +108,7 @@ class _RingVarlen(torch.autograd.Function):
 
 def _varlen_func(layout, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
                  alibi_slopes, deterministic, return_attn_probs, group, backend=None):
-    if dropout_p:
-        raise NotImplementedError("flash_attn2.distributed: dropout_p > 0 on the ring is not supported")
-    if v.shape[-1] != q.shape[-1]:
-        raise NotImplementedError(f"flash_attn2.distributed: v's head dim ({v.shape[-1]}) other than q's "
-                                  f"({q.shape[-1]}) (MLA) on the ring is not supported yet")
+    refuse_unsupported("the ring", q, v, dropout_p)
     if tuple(window_size) != (-1, -1):
         raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet (the "
                                   "all-gather form, llama3_flash_attn_varlen_func, takes causal windows)")
