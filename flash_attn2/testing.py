@@ -205,3 +205,17 @@ def attention_bwd_ref(q, k, v, out, lse, dout, causal=False, softmax_scale=None)
     dk = torch.einsum("bhts,bthd->bshd", ds, q) * scale
     fold = lambda t: t.view(t.shape[0], t.shape[1], k.shape[2], group, t.shape[3]).sum(3)  # noqa: E731
     return dq, fold(dk), fold(dv)
+
+
+def run_ranks(worker, world, *args):
+    """{key: value} that worker(rank, world, store_path, *args, results) put into the shared dict `results`, run in
+    `world` spawned processes (store_path: a file store in a temporary directory for init_process_group; gloo or NCCL
+    as the worker chooses)."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(worker, args=(world, os.path.join(tmp, "store"), *args, results), nprocs=world, join=True)
+        return dict(results)

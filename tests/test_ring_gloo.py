@@ -1,17 +1,13 @@
 """flash_attn2.distributed's ring drivers over gloo on the CPU, 2 and 4 processes, with the reference block backend:
 forward and backward of every layout against full attention on the gathered sequence (float64)."""
 
-import math
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from flash_attn2.distributed import ring
-from flash_attn2.testing import attention_ref
+from flash_attn2.testing import attention_ref, run_ranks
 
 
 def _worker(rank, world, store_path, cases, results):
@@ -42,10 +38,7 @@ def _worker(rank, world, store_path, cases, results):
 def test_ring_over_gloo(world):
     cases = [(layout, causal, heads, heads_k) for layout in ("contiguous", "zigzag", "stripe")
              for causal in (False, True) for heads, heads_k in ((4, 4), (4, 1))]
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), cases, results), nprocs=world, join=True)
-        worst = {key: value for key, value in results.items()}
+    worst = run_ranks(_worker, world, cases)
     assert len(worst) == world * len(cases)
     bad = {cases[i]: err for (rank, i), err in worst.items() if not err <= 1e-9}
     assert not bad, bad
@@ -114,10 +107,7 @@ def test_llama3_all_gather_over_gloo(world):
     """Documents of any length (one spanning every rank, an empty one), GQA, heads_k_stride 1 and all, a window."""
     cases = [([13, 0, 30, 5, 8, 24], True, 4, 2, 1, (-1, -1)), ([13, 0, 30, 5, 8, 24], False, 4, 2, 2, (-1, -1)),
              ([80], True, 4, 4, 2, (-1, -1)), ([3, 77], True, 4, 1, 1, (5, 0)), ([40, 40], True, 2, 2, 1, (6, 3))]
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_llama3_worker, args=(world, os.path.join(tmp, "store"), cases, results), nprocs=world, join=True)
-        worst = dict(results.items())
+    worst = run_ranks(_llama3_worker, world, cases)
     assert len(worst) == world * len(cases)
     bad = {i: err for (rank, i), err in worst.items() if not err <= 1e-9}
     assert not bad, bad
@@ -159,10 +149,7 @@ def test_ring_varlen_over_gloo(world):
     docs = [2 * world * n for n in (3, 1, 5)]
     cases = [(layout, docs, causal, 4, heads_k) for layout in ("contiguous", "zigzag") for causal in (False, True)
              for heads_k in (4, 1)]
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_varlen_worker, args=(world, os.path.join(tmp, "store"), cases, results), nprocs=world, join=True)
-        worst = dict(results.items())
+    worst = run_ranks(_varlen_worker, world, cases)
     assert len(worst) == world * len(cases)
     bad = {cases[i][:3]: err for (rank, i), err in worst.items() if not err <= 1e-9}
     assert not bad, bad
@@ -194,10 +181,7 @@ def _compile_worker(rank, world, store_path, results):
 
 
 def test_ring_compiles_without_a_graph_break():
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_compile_worker, args=(2, os.path.join(tmp, "store"), results), nprocs=2, join=True)
-        assert dict(results) == {0: True, 1: True}
+    assert run_ranks(_compile_worker, 2) == {0: True, 1: True}
 
 
 def _mismatch_worker(rank, world, store_path, results):
@@ -216,8 +200,5 @@ def _mismatch_worker(rank, world, store_path, results):
 
 
 def test_mismatched_shapes_raise_on_every_rank():
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_mismatch_worker, args=(2, os.path.join(tmp, "store"), results), nprocs=2, join=True)
-        got = dict(results)
+    got = run_ranks(_mismatch_worker, 2)
     assert all("shapes and dtypes differ" in got[r] for r in (0, 1)), got

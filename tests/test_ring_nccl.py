@@ -9,10 +9,11 @@ import datetime
 import itertools
 import os
 import sys
-import tempfile
 
 import pytest
 import torch
+
+from flash_attn2.testing import run_ranks
 
 pytestmark = pytest.mark.gpu
 
@@ -217,13 +218,9 @@ def _torch_context_parallel(rank, world, results):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ring_nccl(world):
-    import torch.multiprocessing as mp
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs (device kind nvidia-h200-x{world} / nvidia-h100-x{world})")
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "store"), results), nprocs=world, join=True)
-        failed = [(key, value) for key, value in results.items()
-                  if not (value[0] if isinstance(value, tuple) else value)]
-        count = len(results)
+    results = run_ranks(_worker, world)
+    failed = [(key, value) for key, value in results.items() if not (value[0] if isinstance(value, tuple) else value)]
+    count = len(results)
     assert count == world * (3 * 2 * 2 * 2 * 2 + 3 + 4) and not failed, failed

@@ -4,15 +4,13 @@ by recording the call); gradients reach the packed tensor through the views (a g
 packed equals unpacked bitwise, forward and backward). CPU."""
 
 import inspect
-import os
-import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from flash_attn2.distributed import packed
+from flash_attn2.testing import run_ranks
 
 FORMS = {  # packed function -> (unpacked function's name in packed.py, packing, varlen, leading extra args)
     "ring_flash_attn_qkvpacked_func": ("ring_flash_attn_func", "qkv", False, ()),
@@ -83,10 +81,7 @@ def _worker(rank, world, store_path, results):
 
 
 def test_qkvpacked_gradients_over_gloo():
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(2, os.path.join(tmp, "store"), results), nprocs=2, join=True)
-        assert dict(results) == {0: True, 1: True}
+    assert run_ranks(_worker, 2) == {0: True, 1: True}
 
 
 def test_every_ring_flash_attn_function_is_here_with_its_arguments():
