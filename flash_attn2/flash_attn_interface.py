@@ -77,12 +77,11 @@ def _window(causal: bool, window_size, max_seqlen_q: int, max_seqlen_k: int) -> 
     return left == -1 and right == 0, left, right
 
 
-def _widen(q, k, v):
-    """q, k, v with the narrower of q / k's and v's head dims zero-padded to the other's (exact: zero columns change no
-    score, and the callers pass the softmax scale)."""
-    d, d_v = q.shape[-1], v.shape[-1]
-    pad = torch.nn.functional.pad
-    return (q, k, pad(v, (0, d - d_v))) if d_v < d else (pad(q, (0, d_v - d)), pad(k, (0, d_v - d)), v)
+def _widen(*tensors):
+    """The tensors with their head dims zero-padded to the widest one's (d_v != d_qk: exact, since zero columns change
+    no score nor gradient, and the callers pass the softmax scale)."""
+    width = max(t.shape[-1] for t in tensors)
+    return [t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1])) for t in tensors]
 
 
 def _check_cu_seqlens_values(cu_seqlens, name, total, max_seqlen, max_name):
@@ -163,10 +162,8 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
         return _ops.bwd(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                         softmax_scale, causal, *window, softcap, alibi_slopes, deterministic)[:3]
     if v.shape[-1] != q.shape[-1]:  # MLA: on padded tensors (zero columns change no gradient), cut back
-        width = max(q.shape[-1], v.shape[-1])
-        widen = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1]))  # noqa: E731
-        grads = _flash_attn_backward(widen(dout), widen(q), widen(k), widen(v), widen(out), softmax_lse, cu_seqlens_q,
-                                     cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic,
+        grads = _flash_attn_backward(*_widen(dout, q, k, v, out), softmax_lse, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic,
                                      window=window, softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
                                      rng_state=rng_state)
         cut = [g[..., :t.shape[-1]] for g, t in zip(grads, (q, k, v))]
