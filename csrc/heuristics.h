@@ -139,31 +139,26 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
 
 // ---- The split-KV forward ----
 
-// Key splits for a split-KV call of `tiles` (query tile, head group) blocks over `n_blocks` key blocks: kv_splits
-// where the caller set it, else FA2's wave rule (flash-attn's num_splits_heuristic) on two blocks per SM (the
-// kernel's occupancy at d <= 128): none when the tiles alone nearly fill the GPU or there are at most 4 key
-// blocks (FA3's guard); otherwise the fewest splits whose last wave is within 85 % of the best one's fill,
-// counting only split counts that change the blocks per split. From the shapes alone (seqlen_k: a cache's
-// capacity), never from device values, so that it needs no sync and a captured graph keeps its plan.
+// Key splits for a split-KV call of `tiles` (query tile, head group) blocks over `n_blocks` key blocks:
+// kv_splits where the caller set it, else one wave and no longer than the square root of the key blocks. None when
+// the tiles alone nearly fill the GPU or there are at most 4 key blocks (FA3's guard). The kernel is memory-bound,
+// so the plan wants every SM streaming once (a second block per SM adds no bandwidth, only a split's fixed cost);
+// below one wave a call is latency-bound, and its time is about a * splits + b * n_blocks / splits (the combine
+// and each split's pipeline fill and partial, against each block's load), least at sqrt(b / a * n_blocks): every
+// head dim's key block is 8K elements (sm80/tile_size.h), and on the H200 b / a is about 1 (TUNING 135: at batch 1,
+// h 32 / h_k 8, d 128, the best counts were 4, 8, 16, 16 at 1k, 4k, 32k, 128k against 16, 32, 29, 29 from FA2's
+// wave rule on two blocks per SM). Of the counts with the same blocks per split, the fewest. From the shapes alone
+// (seqlen_k: a cache's capacity), never from device values, so that it needs no sync and a captured graph keeps
+// its plan.
 inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
   if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
-  const int slots = 2 * std::max(device.num_sms, 1);
-  if (tiles >= int64_t(0.8 * slots) || n_blocks <= 4) return 1;
-  const int max_splits = std::min({kMaxKvSplits, slots, n_blocks});
-  auto blocks_per_split = [&](int s) { return (n_blocks + s - 1) / s; };
-  auto eligible = [&](int s) { return s == 1 || blocks_per_split(s) != blocks_per_split(s - 1); };
-  auto fill = [&](int s) {
-    const double waves = double(tiles) * s / slots;
-    return waves / std::ceil(waves);
-  };
-  double best = 0;
-  for (int s = 1; s <= max_splits; ++s) {
-    if (eligible(s)) best = std::max(best, fill(s));
-  }
-  for (int s = 1; s <= max_splits; ++s) {
-    if (eligible(s) && fill(s) >= 0.85 * best) return s;
-  }
-  return 1;
+  const int64_t slots = std::max(device.num_sms, 1);
+  if (tiles >= (slots * 4) / 5 || n_blocks <= 4) return 1;
+  const int64_t one_wave = slots / std::max<int64_t>(tiles, 1);
+  const int64_t latency_best = std::llround(std::sqrt(double(n_blocks)));
+  const int splits = int(std::max<int64_t>(1, std::min<int64_t>({one_wave, latency_best, kMaxKvSplits, n_blocks})));
+  const int blocks_per_split = (n_blocks + splits - 1) / splits;
+  return (n_blocks + blocks_per_split - 1) / blocks_per_split;
 }
 
 }  // namespace flash_attn2
