@@ -96,9 +96,12 @@ def _scale(scale, head_dim: int) -> float:
 
 
 def _rng_outputs(rng_state: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA's (philox_seed (2,) uint64, philox_offset () uint64): our (seed, offset) pair, or zeros."""
-    seed = rng_state.view(torch.uint64) if rng_state.numel() == 2 else torch.zeros(2, dtype=torch.uint64, device=device)
-    return seed, torch.zeros((), dtype=torch.uint64, device=device)
+    """SDPA's (philox_seed (2,) uint64, philox_offset () uint64): our (seed, offset) pair with dropout. Without it
+    both are left unset, as PyTorch's own flash kernels leave them (no backward reads them then): no fill kernels
+    on a path whose small calls are host-bound."""
+    if rng_state.numel() == 2:  # the offset lives in our pair: SDPA's own offset output is 0
+        return rng_state.view(torch.uint64), torch.zeros((), dtype=torch.uint64, device=device)
+    return torch.empty(2, dtype=torch.uint64, device=device), torch.empty((), dtype=torch.uint64, device=device)
 
 
 def _rng_input(philox_seed: torch.Tensor, dropout_p: float):
