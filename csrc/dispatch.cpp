@@ -234,6 +234,11 @@ BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, const std::string& ba
   return nullptr;
 }
 
+// Whether p carries a KV cache's fields (flash_attn2.h).
+bool has_kv_cache(const FwdParams& p) {
+  return p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
+}
+
 // Why p cannot be run, or "" when it can.
 std::string fwd_params_problem(const FwdParams& p) {
   if (p.version != FLASH_ATTN2_PARAMS_VERSION || p.size != sizeof(FwdParams)) {
@@ -275,8 +280,7 @@ std::string fwd_params_problem(const FwdParams& p) {
     return "set both cu_seqlens_q and cu_seqlens_k, or neither (cu_seqlens_k may be left out with page_table and seqused_k)";
   }
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const bool kv_cache =
-      p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
+  const bool kv_cache = has_kv_cache(p);
   if (varlen && (p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || (p.seqused_k != nullptr && !p.page_table))) {
     return "with varlen q (cu_seqlens_q), leftpad_k and kv_batch_idx are not supported, and seqused_k needs page_table";
   }
@@ -307,14 +311,32 @@ std::string fwd_params_problem(const FwdParams& p) {
   return "";
 }
 
-// Whether the split-KV forward serves p: every call with a KV cache's fields or forced splits, and fixed-length
-// calls without dropout whose packed query rows fit one tile (decode: a few query rows per kv head), where the
-// training kernels would fill a 128-row tile with one row per head and read each key once per query head.
-bool uses_split_kernel(const FwdParams& p) {
-  if (p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr ||
-      p.kv_splits > 1) {
-    return true;
+// Whether the Hopper forward serves a call with a KV cache's fields: packed query rows past the split kernel's
+// tile (prefill and chunked prefill against a cache, long verification windows), where the split kernel's
+// mma.sync tiles ran chunked prefill at 280 TFLOP/s (TUNING 137); a contiguous cache, or pages of a multiple of
+// sm90::kPagedRows rows without leftpad_k (a 16-row TMA box never straddles a page); on an sm_90 GPU whose build
+// has the Hopper forward for the head dim, unless FLASH_ATTN2_BACKEND=sm80. From the shapes, the build and the
+// device alone, so the workspace plan needs no device values.
+bool hopper_serves_kv_cache(const FwdParams& p) {
+  if (int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM) return false;  // varlen: max_seqlen_q, the hint
+  if (p.page_table != nullptr && (p.page_size % kPagedRowsSm90 != 0 || p.leftpad_k != nullptr)) return false;
+  const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
+  if (bucket == 0 || kernels(bucket, p.dtype).fwd_sm90 == nullptr || !device_is_sm90()) return false;
+  std::string backend;
+  if (!requested_backend(&backend)) {
+    last_error.clear();  // the split path's own check says it
+    return false;
   }
+  return backend != "sm80";
+}
+
+// Whether the split-KV forward serves p: forced splits, calls with a KV cache's fields the Hopper forward does not
+// take, and fixed-length calls without dropout whose packed query rows fit one tile (decode: a few query rows per
+// kv head), where the training kernels would fill a 128-row tile with one row per head and read each key once per
+// query head.
+bool uses_split_kernel(const FwdParams& p) {
+  if (p.kv_splits > 1) return true;
+  if (has_kv_cache(p)) return !hopper_serves_kv_cache(p);
   if (p.dropout_p > 0.f) return false;
   return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
@@ -411,7 +433,7 @@ bool fwd_serves_head_dim_v(const FwdParams& p) {
       p.head_dim % 8 != 0 || p.head_dim_v < 0 || p.head_dim_v > p.head_dim || p.head_dim_v % 8 != 0) {
     return false;  // what run_fwd refuses (fwd_params_problem)
   }
-  if (uses_split_kernel(p) || !device_is_sm90()) return false;
+  if (has_kv_cache(p) || uses_split_kernel(p) || !device_is_sm90()) return false;
   std::string backend;
   if (!requested_backend(&backend)) {
     last_error.clear();  // run_fwd says it

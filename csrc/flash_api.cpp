@@ -911,13 +911,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_autograd(
 }
 
 // The key splits a kv-cache forward of these shapes takes on the current device (get_scheduler_metadata): the plan
-// is a function of the shapes alone (flash_attn2.h: fwd_num_splits).
+// is a function of the shapes alone (flash_attn2.h: fwd_num_splits); 1 where the Hopper forward serves them.
+// page_size 0: a contiguous cache.
 int64_t kvcache_num_splits(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads, int64_t heads_k,
-                           int64_t head_dim, bool bf16, bool alibi, int64_t num_splits) {
+                           int64_t head_dim, bool bf16, bool alibi, int64_t num_splits, int64_t page_size,
+                           bool leftpad) {
   TORCH_CHECK(batch > 0 && seqlen_q >= 0 && seqlen_k >= 0 && heads > 0 && heads_k > 0 && heads % heads_k == 0 &&
-                  head_dim > 0 && head_dim <= 256 && num_splits >= 0 && num_splits <= flash_attn2::kMaxKvSplits,
+                  head_dim > 0 && head_dim <= 256 && num_splits >= 0 && num_splits <= flash_attn2::kMaxKvSplits &&
+                  page_size >= 0 && page_size <= flash_attn2::kMaxSeqlen,
               "flash_attn2: get_scheduler_metadata: inconsistent shapes");
-  static const int kAnyLength = 0;  // only its address: marks the call as a kv-cache one, never read here
+  static const int kAnyLength = 0;  // only its addresses: mark the call's kv-cache fields, never read here
+  static const int kAnyPage = 0;
   static const float kAnySlope = 0.f;
   flash_attn2::FwdParams p{};
   p.batch = int(batch), p.seqlen_q = int(std::min<int64_t>(seqlen_q, flash_attn2::kMaxSeqlen));
@@ -925,6 +929,10 @@ int64_t kvcache_num_splits(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, in
   p.num_heads = int(heads), p.num_heads_k = int(heads_k), p.head_dim = int((head_dim + 7) / 8 * 8);
   p.dtype = bf16 ? DType::kBFloat16 : DType::kFloat16;
   p.seqused_k = &kAnyLength;
+  if (leftpad) p.leftpad_k = &kAnyLength;
+  if (page_size > 0) {  // the plan depends on whether the pages suit the Hopper forward (dispatch.cpp)
+    p.page_table = &kAnyPage, p.page_size = int(page_size), p.num_pages = 1;
+  }
   if (alibi) p.alibi_slopes = &kAnySlope;
   p.kv_splits = int(num_splits);
   return flash_attn2::fwd_num_splits(p);

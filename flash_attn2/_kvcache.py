@@ -206,7 +206,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     from . import _ops
     splits = _ops.ext.kvcache_num_splits(int(batch_size), int(max_seqlen_q), int(max_seqlen_k) + int(max_seqlen_k_new),
                                          int(num_heads_q), int(num_heads_kv), int(headdim),
-                                         qkv_dtype == torch.bfloat16, False, int(num_splits))
+                                         qkv_dtype == torch.bfloat16, False, int(num_splits), int(page_size or 0),
+                                         cache_leftpad is not None)
     return torch.tensor([splits], dtype=torch.int32)
 
 

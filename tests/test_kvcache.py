@@ -9,6 +9,7 @@ values, CUDA-graph replay with changing lengths, torch.compile, and a cache past
 
 import itertools
 import math
+import os
 import random
 
 import pytest
@@ -382,6 +383,161 @@ def test_varlen_q_against_paged_cache(page, call, causal, num_splits, hint):
         ref, ref_lse = attention_ref(q[None, rows], dense_k[b:b + 1, :n_k], dense_v[b:b + 1, :n_k], causal)
         assert max_error(out[rows], ref[0]) <= 2e-2, b
         assert max_error(lse[:, rows], ref_lse[0]) <= LSE_ATOL, b
+
+
+def kernels_run(fn):
+    """fn()'s result and the names of the kernels it ran (torch.profiler)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = fn()
+        torch.cuda.synchronize()
+    return result, " ".join(e.key for e in prof.key_averages())
+
+
+def hopper_serves(page):
+    """Whether the Hopper forward takes a kv-cache call with tall query tiles (dispatch.cpp: hopper_serves_kv_cache):
+    an sm_90 GPU, the default backend, and a contiguous cache or pages of a multiple of 16 rows."""
+    return (torch.cuda.get_device_capability() == (9, 0) and os.environ.get("FLASH_ATTN2_BACKEND", "auto") != "sm80"
+            and (page is None or page % 16 == 0))
+
+
+@gpu
+@pytest.mark.parametrize("page", [None, 16, 48, 256, 8])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+def test_prefill_against_cache(page, causal, dtype, head_dim):
+    """Chunked prefill against a cache (seqlen_q x the GQA group past the split kernel's 64-row tile): the Hopper
+    forward where it serves (a contiguous cache, pages of a multiple of 16 rows: 16 / 48 / 256 boxes and whole
+    blocks), the split kernel otherwise (page 8); new rows appended in the call; every cache row past a sequence's
+    length NaN and every table entry past its pages -1 (never read); out and LSE against the reference."""
+    require_kernel(head_dim, dtype)
+    batch, heads, heads_k, seqlen_q, seqlen_new = 3, 8, 2, 97, 31
+    capacity = 768 if page is None else (768 + page - 1) // page * page
+    lens = torch.tensor([0, 257, capacity - seqlen_new], dtype=torch.int32, device="cuda")  # before the append
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
+    k_new, v_new = (randn(batch, seqlen_new, heads_k, head_dim, dtype=dtype) for _ in range(2))
+    k_cache, v_cache = (randn(batch, capacity, heads_k, head_dim, dtype=dtype) for _ in range(2))
+    for b, n in enumerate(lens.tolist()):  # past the rows the call will use: NaN / Inf
+        k_cache[b, n + seqlen_new:], v_cache[b, n + seqlen_new:] = math.nan, math.inf
+    ref = kvcache_ref(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=causal)
+    if page is None:
+        kc, vc = k_cache.clone(), v_cache.clone()
+        (out, lse), names = kernels_run(lambda: flash_attn_with_kvcache(
+            q, kc, vc, k_new, v_new, cache_seqlens=lens, causal=causal, return_softmax_lse=True))
+        assert torch.equal(vc, ref[3])
+    else:
+        k_pages, v_pages, table = to_pages(k_cache, v_cache, page)
+        for b, n in enumerate(lens.tolist()):  # entries past the pages in use: -1
+            table[b, (n + seqlen_new + page - 1) // page:] = -1
+        (out, lse), names = kernels_run(lambda: flash_attn_with_kvcache(
+            q, k_pages, v_pages, k_new, v_new, cache_seqlens=lens, causal=causal, block_table=table,
+            return_softmax_lse=True))
+    ref_lowp = kvcache_ref(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, causal=causal, upcast=False)
+    assert ("fwd_kernel_sm90" in names) == hopper_serves(page), names
+    assert torch.isfinite(out).all()
+    ok, err, err_pt = within_tolerance(out, ref[0], ref_lowp[0])
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    assert max_error(lse, ref[1]) <= LSE_ATOL, max_error(lse, ref[1])
+
+
+@gpu
+@pytest.mark.parametrize("extra", ["leftpad", "batch_idx", "window_softcap", "alibi", "sink"])
+def test_prefill_against_cache_variants(extra):
+    """The Hopper forward's kv-cache rows with leftpad_k (the cache's first row per sequence), cache_batch_idx (another
+    batch entry's cache), a window with softcap (the extended kernel), ALiBi and a learnable sink, against the
+    reference; rows before a left pad and past a length hold NaN."""
+    require_kernel(128, torch.bfloat16)
+    dtype = torch.bfloat16
+    batch, heads, heads_k, d, seqlen_q, capacity = 3, 8, 2, 128, 80, 600
+    q = randn(batch, seqlen_q, heads, d, dtype=dtype)
+    batch_cache = batch + 2 if extra == "batch_idx" else batch
+    k_cache, v_cache = (randn(batch_cache, capacity, heads_k, d, dtype=dtype) for _ in range(2))
+    lens = torch.tensor([600, 91, 333], dtype=torch.int32, device="cuda")
+    kw = dict(cache_seqlens=lens, causal=extra != "window_softcap")
+    if extra == "leftpad":
+        kw["cache_leftpad"] = torch.tensor([17, 0, 250], dtype=torch.int32, device="cuda")
+    if extra == "batch_idx":
+        kw["cache_batch_idx"] = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    if extra == "alibi":
+        kw["alibi_slopes"] = torch.rand(batch, heads, device="cuda") * 0.3
+    ref_kw = dict(kw)
+    call_kw = dict(kw)
+    if extra == "window_softcap":
+        ref_kw.update(window=(100, 7), softcap=20.0)
+        call_kw.update(window_size=(100, 7), softcap=20.0)
+    sink = None
+    if extra == "sink":
+        sink = torch.randn(heads, device="cuda")
+        call_kw["learnable_sink"] = sink
+    clean = (k_cache.clone(), v_cache.clone())
+    for i in range(batch):  # poison the rows the call never reads
+        b = int(kw["cache_batch_idx"][i]) if extra == "batch_idx" else i
+        lp = int(kw["cache_leftpad"][i]) if extra == "leftpad" else 0
+        n = int(lens[i])
+        k_cache[b, n:], v_cache[b, n:] = math.nan, math.nan
+        k_cache[b, :lp], v_cache[b, :lp] = math.nan, math.nan
+    ref = kvcache_ref(q, *clean, **ref_kw)
+    ref_lowp = kvcache_ref(q, *clean, upcast=False, **ref_kw)
+    (out, lse), names = kernels_run(lambda: flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True,
+                                                                    **call_kw))
+    assert ("fwd_kernel_sm90" in names) == hopper_serves(None), names
+    assert torch.isfinite(out).all()
+    if sink is not None:  # the sink joins every row's denominator: out scales by exp(lse) / (exp(lse) + exp(sink))
+        ref_lse = ref[1].float()
+        lse_sink = torch.logaddexp(ref_lse, sink.float()[None, :, None])
+        scale = torch.exp(ref_lse - lse_sink).transpose(1, 2)[..., None]
+        ref = ((ref[0].float() * scale).to(dtype), lse_sink)
+        ref_lowp = ((ref_lowp[0].float() * scale).to(dtype), lse_sink)
+    ok, err, err_pt = within_tolerance(out, ref[0], ref_lowp[0])
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    assert max_error(lse, ref[1]) <= LSE_ATOL, max_error(lse, ref[1])
+
+
+@gpu
+@pytest.mark.parametrize("page", [16, 64, 1])
+@pytest.mark.parametrize("causal", [False, True])
+def test_chunked_prefill_varlen_paged(page, causal):
+    """SGLang's and vLLM's mixed batches with a long chunk (max_seqlen_q x the group past 64 rows): varlen q
+    against a paged cache on the Hopper forward (pages of a multiple of 16) or the split kernel (page 1); decode
+    rows, an empty sequence and a chunk longer than its keys' share; NaN in every unused page."""
+    require_kernel(128, torch.bfloat16)
+    dtype = torch.bfloat16
+    heads, heads_k, d = 8, 2, 128
+    lens_q, lens_k = [100, 1, 0, 37, 250], [300, 50, 0, 37, 700]
+    max_pages = (max(lens_k) + page - 1) // page
+    k_dense, v_dense = (randn(len(lens_q), max_pages * page, heads_k, d, dtype=dtype) for _ in range(2))
+    k_pages, v_pages, table = to_pages(k_dense, v_dense, page)
+    for b, n in enumerate(lens_k):
+        table[b, (n + page - 1) // page:] = -1
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    seqused = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    q = randn(int(cu_q[-1]), heads, d, dtype=dtype)
+    (out, lse), names = kernels_run(lambda: flash_attn_with_kvcache(
+        q, k_pages, v_pages, cache_seqlens=seqused, page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q),
+        causal=causal, return_softmax_lse=True))
+    assert ("fwd_kernel_sm90" in names) == hopper_serves(page), names
+    for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
+        if n_q == 0:
+            continue
+        rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ref, ref_lse = attention_ref(q[None, rows], k_dense[b:b + 1, :n_k], v_dense[b:b + 1, :n_k], causal)
+        ref_lowp, _ = attention_ref(q[None, rows], k_dense[b:b + 1, :n_k], v_dense[b:b + 1, :n_k], causal, upcast=False)
+        ok, err, err_pt = within_tolerance(out[None, rows], ref, ref_lowp)
+        assert ok, (b, err, err_pt)
+        assert max_error(lse[:, rows], ref_lse[0]) <= LSE_ATOL, b
+
+
+@gpu
+def test_scheduler_metadata_follows_the_kernel():
+    """get_scheduler_metadata's split count is the call's: 1 where the Hopper forward takes a chunked prefill (no
+    split workspace), the split plan for pages it does not take."""
+    require_kernel(128, torch.bfloat16)
+    args = dict(batch_size=1, max_seqlen_q=64, max_seqlen_k=32768, num_heads_q=32, num_heads_kv=8, headdim=128,
+                cache_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    hopper = flash_attn2.get_scheduler_metadata(page_size=16, **args)
+    split = flash_attn2.get_scheduler_metadata(page_size=8, **args)
+    assert int(hopper[0]) == (1 if hopper_serves(16) else int(split[0]))
+    assert int(split[0]) >= 1
 
 
 @gpu

@@ -62,5 +62,22 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
         flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cos[:21], sin[:21], ints(3, 20, 2**31 - 1, -4),
                                 block_table=table, causal=True, num_splits=splits,
                                 learnable_sink=torch.randn(8, device="cuda"))
+    # Tall query tiles (40 rows x 4 heads per kv head > 64): the Hopper forward on sm_90, with the same hostile
+    # lengths, batch indices, left pads and (pages of 16 and 48) tables; the split kernel elsewhere.
+    q_tall = torch.randn(4, 40, 8, d, **bf16)
+    k_new, v_new = torch.randn(4, 5, 2, d, **bf16), torch.randn(4, 5, 2, d, **bf16)
+    for seqlens, idx, leftpad in ((ints(0, 10, 75, 76), ints(0, 1, 2, 1), None),
+                                  (ints(-5, 76, 2**31 - 1, 40), ints(-1, 2, 99, 0), ints(3, -2, 60, 2**30))):
+        for causal, window, softcap in ((False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (False, (5, 3), 30.0)):
+            flash_attn_with_kvcache(q_tall, k_cache, v_cache, k_new, v_new, None, None, seqlens, idx, leftpad,
+                                    causal=causal, window_size=window, softcap=softcap)
+    for page in (16, 48):
+        k_pages, v_pages = torch.randn(9, page, 2, d, **bf16), torch.randn(9, page, 2, d, **bf16)
+        table = torch.tensor([[3, -1, -1], [10**6, -5, 8], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
+        flash_attn_with_kvcache(q_tall, k_pages, v_pages, k_new, v_new, cache_seqlens=ints(3, 20, 2**31 - 1, -4),
+                                block_table=table, causal=True, learnable_sink=torch.randn(8, device="cuda"))
+        cu_q = ints(0, 40, 40, 100, 160)  # varlen q against the pages (SGLang's call), a 0-row sequence
+        flash_attn_with_kvcache(q_tall.reshape(-1, 8, d)[:160], k_pages, v_pages, cache_seqlens=ints(30, 0, 2**30, -1),
+                                page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=60, causal=True)
 torch.cuda.synchronize()
 print("kvcache: ok")

@@ -67,17 +67,71 @@ struct UncoveredRows {
   }
 };
 
+// The key rows batch entry b reads from a KV cache (FwdParams' kv-cache fields, fixed-length q; each device value
+// clamped as flash_attn2.h says): the k / v batch entry (kv_batch_idx), the first row (leftpad_k) and how many.
+struct CacheRows {
+  int kv_bidb, begin, len;
+};
+
+__device__ inline CacheRows cache_rows(const FwdParams& p, int bidb) {
+  int kv_bidb = bidb;
+  if (p.kv_batch_idx != nullptr) {
+    const int idx = p.kv_batch_idx[bidb];
+    kv_bidb = idx < 0 ? 0 : idx >= p.kv_batch ? p.kv_batch - 1 : idx;
+  }
+  int64_t end = p.seqlen_k;
+  if (p.seqused_k != nullptr) {
+    const int used = p.seqused_k[bidb];
+    end = int64_t(used < 0 ? 0 : used > p.seqlen_k ? p.seqlen_k : used) + p.seqused_k_add;
+    end = end > p.seqlen_k ? p.seqlen_k : end;
+  }
+  int begin = p.leftpad_k != nullptr ? p.leftpad_k[bidb] : 0;
+  begin = begin < 0 ? 0 : begin > end ? int(end) : begin;
+  return {kv_bidb, begin, int(end) - begin};
+}
+
+// Varlen q against a paged cache: sequence b's key count, seqused_k[b] or else cu_seqlens_k's length, clamped to
+// the table's capacity (seqlen_k).
+__device__ inline int paged_varlen_keys(const FwdParams& p, int bidb) {
+  int64_t len = 0;
+  if (p.seqused_k != nullptr) {
+    len = p.seqused_k[bidb];
+  } else {
+    len = int64_t(p.cu_seqlens_k[bidb + 1]) - p.cu_seqlens_k[bidb];
+  }
+  return int(len < 0 ? 0 : len > p.seqlen_k ? p.seqlen_k : len);
+}
+
 struct SeqlenInfo {
   int len_q, len_k;
-  int64_t start_q, start_k;  // first row in the packed tensors (varlen), else 0
+  int64_t start_q, start_k;  // first row in the packed tensors (varlen; a cache's leftpad_k row), else 0
   bool varlen_q, varlen_k;
+  int kv_bidb;               // k / v's batch entry: bidb, or kv_batch_idx's (WithCache)
+  const int* pages;          // paged (WithCache): this batch entry's row of the page table, else nullptr
 
   __device__ SeqlenInfo(const FwdParams& p, int bidb)
-      : varlen_q(p.cu_seqlens_q != nullptr), varlen_k(p.cu_seqlens_k != nullptr) {
+      : varlen_q(p.cu_seqlens_q != nullptr), varlen_k(p.cu_seqlens_k != nullptr), kv_bidb(bidb), pages(nullptr) {
     const RowRange q = varlen_q ? packed_rows(p.cu_seqlens_q, bidb, p.total_q) : RowRange{0, p.seqlen_q};
     const RowRange k = varlen_k ? packed_rows(p.cu_seqlens_k, bidb, p.total_k) : RowRange{0, p.seqlen_k};
     start_q = q.begin, len_q = int(q.end - q.begin);
     start_k = k.begin, len_k = int(k.end - k.begin);
+  }
+
+  // The same, and a KV cache's fields (flash_attn2.h) where set: the kernels that serve kv-cache calls (the Hopper
+  // forward) construct it so; the others never see those fields (dispatch.cpp). Paged keys are logical rows
+  // [0, len_k) through `pages` (start_k 0; leftpad_k is not taken with pages here).
+  struct WithCache {};
+  __device__ SeqlenInfo(const FwdParams& p, int bidb, WithCache) : SeqlenInfo(p, bidb) {
+    const bool cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
+    if (__builtin_expect(!cache, 1)) return;
+    if (p.page_table != nullptr) {
+      pages = p.page_table + bidb * p.page_table_batch_stride;
+      varlen_k = false, start_k = 0;
+      len_k = varlen_q ? paged_varlen_keys(p, bidb) : cache_rows(p, bidb).len;
+    } else if (!varlen_q) {
+      const CacheRows rows = cache_rows(p, bidb);
+      kv_bidb = rows.kv_bidb, start_k = rows.begin, len_k = rows.len;
+    }
   }
 
   // Element offset of this batch entry's first row.

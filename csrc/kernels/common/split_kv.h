@@ -69,14 +69,7 @@ struct SplitSeq {
       const RowRange q = packed_rows(p.cu_seqlens_q, bidb, p.total_q);
       len_q = int(q.end - q.begin), q_rows = q.begin, q_batch = 0;
       if (p.page_table != nullptr) {  // a paged cache: seqused_k[b] rows (clamped), or cu_seqlens_k's length
-        int64_t len = 0;
-        if (p.seqused_k != nullptr) {
-          len = p.seqused_k[bidb];
-        } else {
-          const int64_t begin = p.cu_seqlens_k[bidb], end = p.cu_seqlens_k[bidb + 1];
-          len = end - begin;
-        }
-        len_k = int(len < 0 ? 0 : len > p.seqlen_k ? p.seqlen_k : len);
+        len_k = paged_varlen_keys(p, bidb);
         pages = p.page_table + bidb * p.page_table_batch_stride, k_row0 = 0;
         k_offset = v_offset = 0;
         return;
@@ -88,28 +81,16 @@ struct SplitSeq {
       return;
     }
     len_q = p.seqlen_q, q_rows = 0, q_batch = bidb;
-    int kv_bidb = bidb;
-    if (p.kv_batch_idx != nullptr) {
-      const int idx = p.kv_batch_idx[bidb];
-      kv_bidb = idx < 0 ? 0 : idx >= p.kv_batch ? p.kv_batch - 1 : idx;
-    }
-    int64_t end = p.seqlen_k;
-    if (p.seqused_k != nullptr) {
-      const int used = p.seqused_k[bidb];
-      end = int64_t(used < 0 ? 0 : used > p.seqlen_k ? p.seqlen_k : used) + p.seqused_k_add;
-      end = end > p.seqlen_k ? p.seqlen_k : end;
-    }
-    int begin = p.leftpad_k != nullptr ? p.leftpad_k[bidb] : 0;
-    begin = begin < 0 ? 0 : begin > end ? int(end) : begin;
-    len_k = int(end) - begin;
+    const CacheRows rows = cache_rows(p, bidb);
+    len_k = rows.len;
     if (p.page_table != nullptr) {  // rows through the table (kernels: load_paged); no kv_batch_idx
-      pages = p.page_table + bidb * p.page_table_batch_stride, k_row0 = begin;
+      pages = p.page_table + bidb * p.page_table_batch_stride, k_row0 = rows.begin;
       k_offset = v_offset = 0;
       return;
     }
     pages = nullptr, k_row0 = 0;
-    k_offset = kv_bidb * p.k_batch_stride + begin * p.k_row_stride;
-    v_offset = kv_bidb * p.v_batch_stride + begin * p.v_row_stride;
+    k_offset = rows.kv_bidb * p.k_batch_stride + rows.begin * p.k_row_stride;
+    v_offset = rows.kv_bidb * p.v_batch_stride + rows.begin * p.v_row_stride;
   }
 
   // Paged: elements from the (head 0) base to logical key row `row` (< len_k) through the table, for a tensor with

@@ -8,7 +8,9 @@
 // blocks its rows see, and frees its Q slab and stores its O rows (TMA for fixed length) on its own. A
 // persistent grid walks the tiles (fixed length), the producer handing each to the consumers
 // (sm90/scheduler.h: causal tiles go to blocks as they free up). Block ranges, masks, softmax,
-// sequence lengths and the slot-to-tile maps are the SM80 kernel's.
+// sequence lengths and the slot-to-tile maps are the SM80 kernel's. It also serves KV-cache calls with tall query
+// tiles (dispatch.cpp): a contiguous cache's rows by TMA as any K / V, a paged one's in 16-row boxes through
+// the page table.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.
@@ -73,6 +75,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       cute::prefetch_tma_descriptor(args.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
+      if (p.page_table != nullptr) {
+        cute::prefetch_tma_descriptor(&args.paged_k);
+        cute::prefetch_tma_descriptor(&args.paged_v);
+      }
     }
     SlotWalk walk = first_walk;
     PipelineState state, slot_state;
@@ -81,7 +87,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       const int claimed = walk.claim();
       const WorkTile& tile = next.tile;
       if (tile.valid) {
-        const SeqlenInfo seq(p, tile.bidb);
+        const SeqlenInfo seq(p, tile.bidb, SeqlenInfo::WithCache{});
         const BlockRange blocks =
             fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
         if (blocks.n_max > blocks.n_min) {
@@ -113,7 +119,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
                             int64_t(tile.ranks) * Traits::kConsumerThreads);
       }
       if (!tile.valid) continue;
-      const SeqlenInfo seq(p, tile.bidb);
+      const SeqlenInfo seq(p, tile.bidb, SeqlenInfo::WithCache{});
       const BlockRange blocks =
           fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
       if (blocks.n_max <= blocks.n_min) {

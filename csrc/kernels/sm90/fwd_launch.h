@@ -45,7 +45,18 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
       false,
       {},
       nullptr,
+      {},
+      {},
   };
+  if (p.page_table != nullptr &&
+      !(sm90::make_paged_tma<typename Traits::Element, Traits::kAtomCols>(&args.paged_k, p.k, p, p.head_dim,
+                                                                          p.k_row_stride, p.k_head_stride,
+                                                                          p.k_batch_stride) &&
+        sm90::make_paged_tma<typename Traits::Element, Traits::kAtomColsV>(&args.paged_v, p.v, p, Traits::head_dim_v(p),
+                                                                           p.v_row_stride, p.v_head_stride,
+                                                                           p.v_batch_stride))) {
+    return cudaErrorInvalidValue;
+  }
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   // Fixed length: a persistent grid, one block per SM (at most one fits) walking the slots
   // (sm90/scheduler.h); causal tiles longest first in L2-sized sections of heads (CausalTileOrder),
@@ -53,7 +64,10 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
   // the hardware hands out as SMs free up (tiles differ in work with the sequences); so does causal above
   // Traits::kPersistentCausalMax (kPersistentCausalMaxStatic without a tile counter).
   const int causal_max = p.tile_counter != nullptr ? Traits::kPersistentCausalMax : Traits::kPersistentCausalMaxStatic;
-  const bool persistent = !varlen && !(p.causal && p.seqlen_q > causal_max);
+  // KV-cache calls too (the consumers' V-tail barrier counts differ from tile to tile: fwd_mainloop.h).
+  const bool kv_cache =
+      p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
+  const bool persistent = !varlen && !kv_cache && !(p.causal && p.seqlen_q > causal_max);
   int grid = int(num_blocks);
   if (persistent) grid = num_blocks < plan.device.num_sms ? int(num_blocks) : plan.device.num_sms;
   args.causal_order = persistent && p.causal && grid < num_blocks;

@@ -49,6 +49,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   using namespace cute;
   const FwdParams& p = args.params;
   const int batch_index = p.cu_seqlens_q != nullptr ? 0 : bidb;
+  const int kv_batch_index = p.cu_seqlens_q != nullptr ? 0 : seq.kv_bidb;  // kv_batch_idx's entry (a KV cache)
   const int bidh_k = bidh / (p.num_heads / p.num_heads_k);
   Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));   // (rows, D, heads, batch) coordinates
   Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
@@ -56,9 +57,9 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   Tensor gQ = local_tile(domain_offset(make_coord(int(seq.start_q), _0{}), mQ(_, _, bidh, batch_index)),
                          typename Traits::TileQWarpgroup{},
                          make_coord(_, _0{}));  // (64, D, m) slabs of 64 rows; the tile's from m_block * kGroups
-  Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, batch_index)),
+  Tensor gK = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mK(_, _, bidh_k, kv_batch_index)),
                          typename Traits::TileKV{}, make_coord(_, _0{}));  // (kBlockN, D, n)
-  Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, batch_index)),
+  Tensor gV = local_tile(domain_offset(make_coord(int(seq.start_k), _0{}), mV(_, _, bidh_k, kv_batch_index)),
                          typename Traits::TileV{}, make_coord(_, _0{}));  // (kBlockN, D_v, n)
   Tensor sQ = local_tile(make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{}),
                          typename Traits::TileQWarpgroup{}, make_coord(_, _0{}));  // (64, D, kGroups)
@@ -85,11 +86,47 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
       copy(tma.with(full[state.stage], 0, TMA::CacheHintSm90::EVICT_LAST), tXgX(_, n_block), tXsX(_, state.stage));
     }
   };
+  // A paged cache: block n_block's rows in boxes of kPagedRows rows by one column atom (fwd_traits.h), one box per
+  // lane at a time, each through its page-table entry (clamped to the pages; rows past the sequence read page 0
+  // and are masked, their V rows zeroed: fwd_consume_tile). The leader's expect_tx comes first, so no box can
+  // complete the phase early.
+  constexpr int kBoxRows = kPagedRows, kBoxes = Traits::kBlockN / kBoxRows;
+  auto load_paged = [&](const CUtensorMap* desc, const auto& sX, int atom_cols, int cols, uint64_t* full,
+                        uint64_t* empty, int n_block, uint32_t bytes) {
+    barrier_wait(&empty[state.stage], state.phase ^ 1);
+    if (leader) barrier_expect_tx(&full[state.stage], bytes);
+    __syncwarp();
+    const int atoms = cols / atom_cols;
+    for (int box = int(threadIdx.x % 32); box < kBoxes * atoms; box += 32) {
+      const int rows = box / atoms, atom = box % atoms;
+      const int row = n_block * Traits::kBlockN + rows * kBoxRows;  // logical key row
+      int page = 0, page_row = 0;
+      if (row < seq.len_k) {
+        const int entry = seq.pages[row / p.page_size];
+        page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
+        page_row = row % p.page_size;
+      }
+      SM90_TMA_LOAD_4D::copy(desc, &full[state.stage], uint64_t(TMA::CacheHintSm90::EVICT_LAST),
+                             &sX(rows * kBoxRows, atom * atom_cols, state.stage), atom * atom_cols, page_row, bidh_k,
+                             page);
+    }
+  };
+  const bool paged = p.page_table != nullptr;
   auto load_k = [&](int n_block) {
-    load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block, Traits::kKVBytes);
+    if (paged) {
+      load_paged(&args.paged_k, sK, Traits::kAtomCols, Traits::kHeadDim, smem.k_full, smem.k_empty, n_block,
+                 Traits::kKVBytes);
+    } else {
+      load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block, Traits::kKVBytes);
+    }
   };
   auto load_v = [&](int n_block) {
-    load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block, Traits::kVBytes);
+    if (paged) {
+      load_paged(&args.paged_v, sV, Traits::kAtomColsV, Traits::kHeadDimV, smem.v_full, smem.v_empty, n_block,
+                 Traits::kVBytes);
+    } else {
+      load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block, Traits::kVBytes);
+    }
     state.template advance<Traits::kStages>();
   };
   // The loads below wait for this tile's stages and slabs to free up; until then the tile's first bytes
@@ -99,8 +136,10 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
       prefetch(args.tma_q, tQgQ(_, m_block * Traits::kConsumerWarpgroups + w));
     }
-    prefetch(args.tma_k, tKgK(_, blocks.n_max - 1));
-    prefetch(args.tma_v, tVgV(_, blocks.n_max - 1));
+    if (!paged) {
+      prefetch(args.tma_k, tKgK(_, blocks.n_max - 1));
+      prefetch(args.tma_v, tVgV(_, blocks.n_max - 1));
+    }
   }
   load_k(blocks.n_max - 1);
   CUTE_UNROLL
@@ -184,8 +223,9 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // anything (the next sequence's, or rows outside every sequence). Those keys are masked (P = 0), but
   // 0 x NaN is NaN, so their V rows are zeroed before any P V reads them: by the last warpgroup that
   // reads the block, while the others that read it wait at a barrier. Fixed length gets zeros from TMA's
-  // out-of-bounds fill. Called after the first S = Q K^T, outside the ping-pong turns. The barrier's count
-  // changes from tile to tile: safe because varlen grids are one block per tile (fwd_launch.h), so no
+  // out-of-bounds fill; a KV cache's rows past a sequence's keys are zeroed too. Called after the first
+  // S = Q K^T, outside the ping-pong turns. The barrier's count changes from tile to tile: safe because varlen
+  // and kv-cache grids are one block per tile (fwd_launch.h), so no
   // warpgroup can reach it for the next tile while others wait in this one.
   auto zero_v_tail = [&](int tail) {
     int readers = 0, zeroer = 0;
@@ -317,7 +357,10 @@ __device__ void fwd_consume_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
     convert_fragment_into(acc_s, rP);  // O is still 0: no rescale
     const int key_tail = blocks.n_max * kBlockN - seq.len_k;  // rows of the sequence's last block past its end
-    if (p.cu_seqlens_k != nullptr && key_tail > 0) zero_v_tail(key_tail);  // (only its readers get here)
+    // Rows past the keys hold anything in a packed varlen tensor or a KV cache (fixed length reads TMA's zeros).
+    if (key_tail > 0 && (p.cu_seqlens_k != nullptr || p.seqused_k != nullptr || p.page_table != nullptr)) {
+      zero_v_tail(key_tail);  // (only its readers get here)
+    }
     for (--n_block; n_block >= blocks.n_masked_min; --n_block) step(n_block, MaskRight{});
     if constexpr (kExtended) {
       for (; n_block >= blocks.n_unmasked_min; --n_block) step(n_block, MaskNone{});

@@ -40,8 +40,10 @@ struct FwdTraitsSm90 {
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
-  // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the 64K.
-  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
+  // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the 64K (two consumer
+  // warpgroups: 32 x 128 + 240 x 256 is all of it). 32, not 24: a paged cache's box loop (fwd_mainloop.h) spilled
+  // with 24 (d 256's short-causal kernel, 16 bytes).
+  static constexpr int kProducerRegs = 32;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
   static_assert(kConsumerWarpgroups <= 3, "named barrier ids: two per consumer warpgroup");
@@ -106,6 +108,18 @@ struct FwdTraitsSm90 {
   // O leaves per warpgroup slab too: staged in shared memory, stored by TMA (fixed-length batches).
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpgroup{},
                                             TileOWarpgroup{}, cute::_1{}));
+  // A paged cache's K / V arrive in boxes of sm90::kPagedRows rows by one swizzle atom's columns (fwd_mainloop.h:
+  // fwd_produce_tile). Each box's rows must be one contiguous, atom-aligned run of a stage's shared memory: the
+  // layouts stack the atoms along the rows first, then along the columns, then the stages.
+  static constexpr int kAtomCols = cute::size<1>(SmemAtom{}), kAtomColsV = cute::size<1>(SmemAtomV{});
+  static_assert(kBlockN % 16 == 0 && kHeadDim % kAtomCols == 0 && kHeadDimV % kAtomColsV == 0);
+  template <class Layout, int kCols, int kAtom>
+  static constexpr bool boxes_contiguous() {
+    return Layout{}(16, 0, 0) == 16 * kAtom && (kCols == kAtom || Layout{}(0, kAtom, 0) == kBlockN * kAtom) &&
+           (kStages == 1 || Layout{}(0, 0, 1) == kBlockN * kCols);
+  }
+  static_assert(boxes_contiguous<SmemLayoutKV, kHeadDim, kAtomCols>(), "a paged box of K: 16 contiguous rows of one atom");
+  static_assert(boxes_contiguous<SmemLayoutV, kHeadDimV, kAtomColsV>(), "a paged box of V: 16 contiguous rows of one atom");
   static constexpr uint32_t kQBytes = 64 * kHeadDim * sizeof(Element);  // one warpgroup's slab
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // a block of K
   static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
@@ -152,6 +166,8 @@ struct FwdArgsSm90 {
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder<> causal_tiles;
   int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal_order only); nullptr: static walk
+  // A paged cache's K and V (FwdParams::page_table): sm90::make_paged_tma's boxes; unused (zero) otherwise.
+  CUtensorMap paged_k, paged_v;
 };
 
 }  // namespace flash_attn2

@@ -42,6 +42,12 @@ template <int kHeadDim, Kind kKind, bool kShortCausal = false>
 using FwdTileForSm90 = TileSm90<fwd_tile_sm90(kHeadDim, kKind, kShortCausal).block_m,
                                 fwd_tile_sm90(kHeadDim, kKind, kShortCausal).block_n>;
 
+// A paged KV cache's rows reach the forward in TMA boxes of this many rows and one shared-memory swizzle atom's
+// columns, each box through its own page-table entry: page sizes that are multiples of it never split a box
+// across pages (dispatch.cpp routes the others, SGLang's page 1 among them, to the split-KV kernel). 16: vLLM's
+// page size, and two 8-row swizzle atoms.
+constexpr int kPagedRowsSm90 = 16;
+
 // ---- Backward ----
 
 // Keys per block of the narrow kernels (head dim <= 128): 64 per consumer warpgroup. The host's head-split

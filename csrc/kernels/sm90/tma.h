@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -15,6 +16,7 @@
 #include <cutlass/cuda_host_adapter.hpp>
 
 #include "flash_attn2/flash_attn2.h"
+#include "sm90/tile_size.h"
 
 namespace flash_attn2::sm90 {
 
@@ -60,12 +62,21 @@ namespace flash_attn2::sm90 {
 
 // The (rows, head_dim, heads, batch) extents of the q-side (kIsQ) or k-side tensors' descriptors; head_dim V's and
 // O's where it differs from q's (FwdTraitsSm90::head_dim_v).
+// K / V of a KV cache (the forward only): kv_batch entries with kv_batch_idx; a paged cache as (page_size rows,
+// head_dim, heads, num_pages), its batch stride the page stride (the producer loads its rows through the table with
+// paged descriptors: make_paged_tma; this view only keeps the launcher's K / V descriptors valid).
 template <bool kIsQ>
 __host__ __device__ inline auto tma_shape(const FwdParams& p, int head_dim) {
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
+  int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
+  int64_t batch = varlen ? 1 : p.batch;
+  if (!kIsQ && p.page_table != nullptr) {
+    rows = p.page_size, batch = p.num_pages;
+  } else if (!kIsQ && !varlen && p.kv_batch_idx != nullptr) {
+    batch = p.kv_batch;
+  }
   return cute::make_shape(int(rows > 0 ? rows : 1), head_dim, kIsQ ? p.num_heads : p.num_heads_k,
-                          varlen ? 1 : (p.batch > 0 ? p.batch : 1));
+                          int(batch > 0 ? batch : 1));
 }
 template <bool kIsQ>
 __host__ __device__ inline auto tma_shape(const FwdParams& p) {
@@ -83,6 +94,35 @@ Tma make_tma(CopyOp op, const void* ptr, cute::Shape<int, int, int, int> shape, 
                                                get<3>(shape) > 1 ? batch_stride : row_stride));
   Tensor t = make_tensor(make_gmem_ptr(static_cast<const Element*>(ptr)), layout);
   return make_tma_copy(op, t, smem, tile, _1{});
+}
+
+// Rows per TMA box of a paged cache's loads (sm90/tile_size.h).
+constexpr int kPagedRows = kPagedRowsSm90;
+
+// A descriptor over a paged cache's (head_dim, page rows, heads_k, pages) in boxes of kPagedRows rows by
+// kAtomCols columns (one 128- or 64-byte swizzle atom's width, as the K / V shared-memory tiles are laid out).
+// False where the encoding fails (the launcher then returns an error instead of launching).
+template <class Element, int kAtomCols>
+bool make_paged_tma(CUtensorMap* map, const void* ptr, const FwdParams& p, int head_dim, int64_t row_stride,
+                    int64_t head_stride, int64_t page_stride) {
+  static_assert(sizeof(Element) == 2 && (kAtomCols * 2 == 128 || kAtomCols * 2 == 64), "16-bit, 128 / 64-byte atoms");
+  const auto encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  constexpr int64_t kBytes = sizeof(Element);
+  // A stride over an extent of 1 is never stepped along; TMA still wants it a nonzero multiple of 16 bytes.
+  const int64_t heads_stride = p.num_heads_k > 1 ? head_stride : row_stride;
+  const int64_t pages_stride = p.num_pages > 1 ? page_stride : row_stride;
+  cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(p.page_size), cuuint64_t(p.num_heads_k), cuuint64_t(p.num_pages)};
+  cuuint64_t strides[3] = {cuuint64_t(row_stride * kBytes), cuuint64_t(heads_stride * kBytes),
+                           cuuint64_t(pages_stride * kBytes)};
+  cuuint32_t box[4] = {cuuint32_t(kAtomCols), cuuint32_t(kPagedRows), 1, 1};
+  cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = std::is_same_v<Element, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 4, const_cast<void*>(ptr), dims, strides, box, element_strides,
+                CU_TENSOR_MAP_INTERLEAVE_NONE,
+                kAtomCols * kBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 }  // namespace flash_attn2::sm90
