@@ -778,6 +778,58 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
 }
 
 // ---------------------------------------------------------------------------------------------------
+// PyTorch's SDPA flash ops (flash_attn2/integrations/torch_sdpa.py overrides them): the whole forward or backward of
+// `_scaled_dot_product_flash_attention` in one call, on SDPA's (batch, heads, seqlen, head_dim) tensors seen as the
+// kernels' (batch, seqlen, heads, head_dim) views. A dozen Python tensor calls per call made a small SDPA call
+// host-bound (0.59-0.80x the direct call at seqlen 512 on an H200).
+
+// (out in query's strides, as PyTorch's meta function says; lse (batch, heads, seqlen_q); SDPA's philox_seed (2,)
+// and philox_offset () uint64: our (seed, offset) pair and 0 with dropout, unset without, as PyTorch's own kernels
+// leave them; the empty debug mask).
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_fwd(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                            double dropout_p, bool causal, double softmax_scale) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "flash_attn2: SDPA's query, key and value are (batch, heads, seqlen, head_dim)");
+  const Tensor q = query.transpose(1, 2), k = key.transpose(1, 2), v = value.transpose(1, 2);
+  check_inputs(q, k, v, std::nullopt, std::nullopt);
+  Tensor out_bhsd = at::empty_like(query);
+  Tensor out = out_bhsd.transpose(1, 2);
+  Tensor lse, rng_state;
+  if (q.size(-1) % 8 == 0 && v.size(-1) == q.size(-1) && aligned(q) && aligned(k) && aligned(v) && aligned(out)) {
+    lse = at::empty({query.size(0), query.size(1), query.size(2)}, query.options().dtype(at::kFloat));
+    rng_state = at::empty({dropout_p > 0.0 ? 2 : 0}, query.options().dtype(at::kLong));
+    fwd_out(q, k, v, out, lse, std::nullopt, std::nullopt, q.size(1), k.size(1), softmax_scale, causal, -1, -1, 0.0,
+            std::nullopt, dropout_p, rng_state, /*new_seed=*/true, std::nullopt);
+  } else {  // padded or copied inside the op, then into query's strides
+    auto [o, l, r] = fwd(q, k, v, std::nullopt, std::nullopt, q.size(1), k.size(1), softmax_scale, causal, -1, -1, 0.0,
+                         std::nullopt, false, dropout_p, std::nullopt);
+    out.copy_(o);
+    lse = l, rng_state = r;
+  }
+  const auto u64 = query.options().dtype(at::kUInt64);
+  Tensor seed = rng_state.numel() == 2 ? rng_state.view(at::kUInt64) : at::empty({2}, u64);
+  Tensor offset = rng_state.numel() == 2 ? at::zeros({}, u64) : at::empty({}, u64);
+  return {out_bhsd, lse, seed, offset, at::empty({0}, query.options())};
+}
+
+// dq, dk, dv in SDPA's layout (each in its input's strides where the kernels can write them: grad_like).
+std::tuple<Tensor, Tensor, Tensor> sdpa_bwd(const Tensor& grad_out, const Tensor& query, const Tensor& key,
+                                            const Tensor& value, const Tensor& out, const Tensor& lse,
+                                            double dropout_p, bool causal, double softmax_scale,
+                                            const Tensor& philox_seed) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && grad_out.dim() == 4 && out.dim() == 4,
+              "flash_attn2: SDPA's tensors are (batch, heads, seqlen, head_dim)");
+  const Tensor q = query.transpose(1, 2), k = key.transpose(1, 2);
+  const OptTensor rng_state = dropout_p > 0.0 && philox_seed.numel() == 2 ? OptTensor(philox_seed.view(at::kLong))
+                                                                          : OptTensor();
+  auto [dq, dk, dv, dsink] = bwd(grad_out.transpose(1, 2), q, k, value.transpose(1, 2), out.transpose(1, 2), lse,
+                                 std::nullopt, std::nullopt, q.size(1), k.size(1), softmax_scale, causal, -1, -1, 0.0,
+                                 std::nullopt, at::globalContext().deterministicAlgorithms(), dropout_p, rng_state,
+                                 std::nullopt);
+  return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Autograd, registered on the ops: one C++ node, so an eager call costs no Python beyond the wrapper's checks.
 
 using torch::autograd::variable_list;
@@ -983,6 +1035,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd_out", &fwd_out, "Forward into preallocated out and softmax_lse (kernel-ready tensors)");
   m.def("bwd_out", &bwd_out, "Backward into preallocated dq, dk and dv (kernel-ready tensors)");
   m.def("kvcache_num_splits", &kvcache_num_splits, "The key splits of a kv-cache forward of these shapes");
+  m.def("sdpa_fwd", &sdpa_fwd, "SDPA's flash forward on (batch, heads, seqlen, head_dim) tensors, in one call");
+  m.def("sdpa_bwd", &sdpa_bwd, "SDPA's flash backward on (batch, heads, seqlen, head_dim) tensors, in one call");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

@@ -59,10 +59,25 @@ class _Handle:
         self.library = None
 
 
-def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_debug_mask=False) -> str | None:
-    """Why flash_attn2 cannot serve a call, or None. q's last dim is the head dim in every layout."""
+def _ext():
+    """The extension module (loaded by the first call's import, cached by Python's import system after)."""
     from .. import _ops
 
+    return _ops.ext
+
+
+_BUCKETS: dict[tuple[int, torch.dtype], int] = {}  # (head dim, dtype) -> the compiled bucket (0: none)
+
+
+def _bucket(head_dim: int, dtype: torch.dtype) -> int:
+    bucket = _BUCKETS.get((head_dim, dtype))
+    if bucket is None:
+        bucket = _BUCKETS[head_dim, dtype] = _ext().fwd_head_dim_bucket(head_dim, dtype == torch.bfloat16)
+    return bucket
+
+
+def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_debug_mask=False) -> str | None:
+    """Why flash_attn2 cannot serve a call, or None. q's last dim is the head dim in every layout."""
     if not all(t.is_cuda for t in tensors):
         return "inputs not on a CUDA device"
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in tensors):
@@ -74,7 +89,7 @@ def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_d
     head_dim = q.shape[-1]
     if any(t.dim() == q.dim() and t.shape[-1] != head_dim for t in tensors):
         return "head dims differ among q, k, v (PyTorch's flash ops take one)"
-    if not 0 < head_dim <= 256 or _ops.ext.fwd_head_dim_bucket(head_dim, q.dtype == torch.bfloat16) == 0:
+    if not 0 < head_dim <= 256 or _bucket(head_dim, q.dtype) == 0:
         return f"head dim {head_dim} in {q.dtype} is not compiled in this flash_attn2 build"
     return None
 
@@ -197,14 +212,11 @@ def _register() -> _Handle:
             _log_fallback("_scaled_dot_product_flash_attention", why)
             return original["_scaled_dot_product_flash_attention"].call_boxed(
                 keyset, query, key, value, dropout_p, is_causal, return_debug_mask, scale=scale)
-        # (batch, heads, seqlen, d) -> the kernels' (batch, seqlen, heads, d) views; out in query's strides.
-        out_bhsd = torch.empty_like(query)
-        q, k, v, out_bshd = (t.transpose(1, 2) for t in (query, key, value, out_bhsd))
-        _, lse, rng_state = _forward(q, k, v, None, None, q.shape[1], k.shape[1], dropout_p, is_causal,
-                                     _scale(scale, query.shape[-1]), (-1, -1), None, out_bshd)
-        seed, offset = _rng_outputs(rng_state, query.device)
-        return (out_bhsd, lse, None, None, query.shape[2], key.shape[2], seed, offset,
-                torch.empty(0, dtype=query.dtype, device=query.device))
+        # One C++ call (csrc/flash_api.cpp: sdpa_fwd): the kernels' (batch, seqlen, heads, d) views of SDPA's
+        # (batch, heads, seqlen, d) tensors, out in query's strides, SDPA's philox outputs, the empty debug mask.
+        out, lse, seed, offset, debug_mask = _ext().sdpa_fwd(query, key, value, dropout_p, is_causal,
+                                                             _scale(scale, query.shape[-1]))
+        return out, lse, None, None, query.shape[2], key.shape[2], seed, offset, debug_mask
 
     def sdpa_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                       dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
@@ -214,10 +226,8 @@ def _register() -> _Handle:
             return original["_scaled_dot_product_flash_attention_backward"].call_boxed(
                 keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                 is_causal, philox_seed, philox_offset, scale=scale)
-        t = [x.transpose(1, 2) for x in (grad_out, query, key, value, out)]
-        dq, dk, dv = _backward(*t, logsumexp, None, None, int(max_q), int(max_k), dropout_p, is_causal,
-                               _scale(scale, query.shape[-1]), (-1, -1), _rng_input(philox_seed, dropout_p))
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
+        return _ext().sdpa_bwd(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                               _scale(scale, query.shape[-1]), philox_seed)
 
     lib = Library("aten", "IMPL", "CUDA")  # noqa: TOR901
     with warnings.catch_warnings():  # overriding PyTorch's kernels is the point
