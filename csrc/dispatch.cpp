@@ -311,15 +311,29 @@ std::string fwd_params_problem(const FwdParams& p) {
   return "";
 }
 
-// Whether the Hopper forward serves a call with a KV cache's fields: packed query rows past the split kernel's
-// tile (prefill and chunked prefill against a cache, long verification windows), where the split kernel's
-// mma.sync tiles ran chunked prefill at 280 TFLOP/s (TUNING 137); a contiguous cache, or pages of a multiple of
-// sm90::kPagedRows rows without leftpad_k (a 16-row TMA box never straddles a page); on an sm_90 GPU whose build
-// has the Hopper forward for the head dim, unless FLASH_ATTN2_BACKEND=sm80. From the shapes, the build and the
-// device alone, so the workspace plan needs no device values.
+// Whether the Hopper forward serves a call with a KV cache's fields: more query rows per head than the split
+// kernel's tile (prefill and chunked prefill against a cache, long verification windows), where the split kernel's
+// mma.sync tiles ran chunked prefill at 280 TFLOP/s (TUNING 137). Rows per head, not packed rows: the Hopper
+// forward neither packs a kv head's query heads nor splits the keys, so a few rows a head (9-token verification at
+// 8:1 GQA) would leave its tiles nearly empty and read each kv head once per query head. Varlen (a serving batch:
+// a few chunks among many decode rows) also on the mean rows per sequence, total_q / batch: decode-heavy batches
+// stay on the split kernel, which packs them. A contiguous cache, or pages of a multiple of kPagedRowsSm90 rows
+// without leftpad_k (a 16-row TMA box never straddles a page); strides TMA takes; an sm_90 GPU whose build has
+// the Hopper forward for the head dim, unless FLASH_ATTN2_BACKEND=sm80. From the shapes, the build and the device
+// alone, so the workspace plan needs no device values.
 bool hopper_serves_kv_cache(const FwdParams& p) {
-  if (int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM) return false;  // varlen: max_seqlen_q, the hint
+  if (p.seqlen_q <= kFwdSplitBlockM) return false;  // varlen: max_seqlen_q, the hint
+  if (p.cu_seqlens_q != nullptr && p.total_q <= int64_t(kFwdSplitBlockM) * p.batch) return false;
   if (p.page_table != nullptr && (p.page_size % kPagedRowsSm90 != 0 || p.leftpad_k != nullptr)) return false;
+  // TMA takes no zero stride over an extent above one (an expanded cache; the torch layer copies those).
+  const bool many_kv_entries = p.page_table != nullptr ? p.num_pages > 1
+                               : p.kv_batch_idx != nullptr ? p.kv_batch > 1 : p.batch > 1;
+  for (int64_t stride : {p.k_row_stride, p.v_row_stride}) {
+    if (stride == 0) return false;
+  }
+  if (p.num_heads_k > 1 && (p.k_head_stride == 0 || p.v_head_stride == 0)) return false;
+  if (many_kv_entries && p.cu_seqlens_q == nullptr && (p.k_batch_stride == 0 || p.v_batch_stride == 0)) return false;
+  if (p.page_table != nullptr && p.num_pages > 1 && (p.k_batch_stride == 0 || p.v_batch_stride == 0)) return false;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0 || kernels(bucket, p.dtype).fwd_sm90 == nullptr || !device_is_sm90()) return false;
   std::string backend;
@@ -511,6 +525,9 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
     problem = "dout, dq, dk, dv, softmax_d and dq_accum must be set";
   }
   if (problem.empty() && p.num_splits < 0) problem = "num_splits must be >= 0";
+  if (problem.empty() && (has_kv_cache(p) || p.kv_splits > 1)) {
+    problem = "the backward takes no KV-cache fields (seqused_k, leftpad_k, kv_batch_idx, page_table) or kv_splits";
+  }
   if (problem.empty() && p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
     problem = "the backward takes one head dim (head_dim_v 0 or head_dim): pad v, out and dout to q's head dim";
   }

@@ -981,6 +981,10 @@ int64_t kvcache_num_splits(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, in
   p.num_heads = int(heads), p.num_heads_k = int(heads_k), p.head_dim = int((head_dim + 7) / 8 * 8);
   p.dtype = bf16 ? DType::kBFloat16 : DType::kFloat16;
   p.seqused_k = &kAnyLength;
+  // A contiguous (batch, seqlen, heads_k, head_dim) cache's strides (the plan asks only that TMA could take them).
+  p.k_head_stride = p.v_head_stride = p.head_dim;
+  p.k_row_stride = p.v_row_stride = int64_t(p.num_heads_k) * p.head_dim;
+  p.k_batch_stride = p.v_batch_stride = std::max<int64_t>(1, p.seqlen_k) * p.k_row_stride;
   if (leftpad) p.leftpad_k = &kAnyLength;
   if (page_size > 0) {  // the plan depends on whether the pages suit the Hopper forward (dispatch.cpp)
     p.page_table = &kAnyPage, p.page_size = int(page_size), p.num_pages = 1;

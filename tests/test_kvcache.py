@@ -394,10 +394,12 @@ def kernels_run(fn):
 
 
 def hopper_serves(page):
-    """Whether the Hopper forward takes a kv-cache call with tall query tiles (dispatch.cpp: hopper_serves_kv_cache):
-    an sm_90 GPU, the default backend, and a contiguous cache or pages of a multiple of 16 rows."""
-    return (torch.cuda.get_device_capability() == (9, 0) and os.environ.get("FLASH_ATTN2_BACKEND", "auto") != "sm80"
-            and (page is None or page % 16 == 0))
+    """Whether the Hopper forward takes a kv-cache call of more than 64 query rows per head (the tests' shapes;
+    dispatch.cpp: hopper_serves_kv_cache): an sm_90 GPU and a build with the Hopper forward, the default backend,
+    and a contiguous cache or pages of a multiple of 16 rows."""
+    from flash_attn2 import _ops
+    return (torch.cuda.get_device_capability() == (9, 0) and "90a" in _ops.ext.built_archs
+            and os.environ.get("FLASH_ATTN2_BACKEND", "auto") != "sm80" and (page is None or page % 16 == 0))
 
 
 @gpu
@@ -503,10 +505,18 @@ def test_chunked_prefill_varlen_paged(page, causal):
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
     heads, heads_k, d = 8, 2, 128
-    lens_q, lens_k = [100, 1, 0, 37, 250], [300, 50, 0, 37, 700]
+    lens_q, lens_k = [100, 1, 0, 37, 250], [300, 50, 0, 37, 700]  # 77.6 rows a sequence: the Hopper forward's
     max_pages = (max(lens_k) + page - 1) // page
     k_dense, v_dense = (randn(len(lens_q), max_pages * page, heads_k, d, dtype=dtype) for _ in range(2))
+    for b, n in enumerate(lens_k):  # rows past each length (in its last page too): NaN / Inf
+        k_dense[b, n:], v_dense[b, n:] = math.nan, math.inf
     k_pages, v_pages, table = to_pages(k_dense, v_dense, page)
+    used = set(table.flatten().tolist())
+    spare = next(i for i in range(k_pages.shape[0]) if i not in used)
+    if 0 in used:  # physical page 0 (where boxes past a length read) an unused NaN page
+        table[table == 0] = spare
+        k_pages[spare], v_pages[spare] = k_pages[0].clone(), v_pages[0].clone()
+        k_pages[0], v_pages[0] = math.nan, math.nan
     for b, n in enumerate(lens_k):
         table[b, (n + page - 1) // page:] = -1
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
@@ -522,6 +532,7 @@ def test_chunked_prefill_varlen_paged(page, causal):
         rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
         ref, ref_lse = attention_ref(q[None, rows], k_dense[b:b + 1, :n_k], v_dense[b:b + 1, :n_k], causal)
         ref_lowp, _ = attention_ref(q[None, rows], k_dense[b:b + 1, :n_k], v_dense[b:b + 1, :n_k], causal, upcast=False)
+        assert torch.isfinite(out[rows]).all(), b
         ok, err, err_pt = within_tolerance(out[None, rows], ref, ref_lowp)
         assert ok, (b, err, err_pt)
         assert max_error(lse[:, rows], ref_lse[0]) <= LSE_ATOL, b
@@ -532,12 +543,29 @@ def test_scheduler_metadata_follows_the_kernel():
     """get_scheduler_metadata's split count is the call's: 1 where the Hopper forward takes a chunked prefill (no
     split workspace), the split plan for pages it does not take."""
     require_kernel(128, torch.bfloat16)
-    args = dict(batch_size=1, max_seqlen_q=64, max_seqlen_k=32768, num_heads_q=32, num_heads_kv=8, headdim=128,
+    args = dict(batch_size=1, max_seqlen_q=80, max_seqlen_k=32768, num_heads_q=32, num_heads_kv=8, headdim=128,
                 cache_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"))
     hopper = flash_attn2.get_scheduler_metadata(page_size=16, **args)
     split = flash_attn2.get_scheduler_metadata(page_size=8, **args)
     assert int(hopper[0]) == (1 if hopper_serves(16) else int(split[0]))
-    assert int(split[0]) >= 1
+    assert int(split[0]) > 1  # 80 rows x 4 heads a kv head: 5 tiles x 8 kv heads, far from filling the GPU
+
+
+@gpu
+def test_short_query_rows_stay_packed():
+    """Few rows per head (speculative verification: 9 tokens at 8:1 GQA, 72 packed rows) stay on the split kernel,
+    which packs the group into one tile, even where the Hopper forward could take the call."""
+    require_kernel(128, torch.bfloat16)
+    dtype = torch.bfloat16
+    q = randn(2, 9, 64, 128, dtype=dtype)
+    k_cache, v_cache = (randn(2, 1024, 8, 128, dtype=dtype) for _ in range(2))
+    lens = torch.tensor([1000, 517], dtype=torch.int32, device="cuda")
+    out, names = kernels_run(lambda: flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, causal=True))
+    assert "fwd_kernel_sm90" not in names and "fwd_split" in names, names
+    ref = kvcache_ref(q, k_cache, v_cache, cache_seqlens=lens, causal=True)
+    ref_lowp = kvcache_ref(q, k_cache, v_cache, cache_seqlens=lens, causal=True, upcast=False)
+    ok, err, err_pt = within_tolerance(out, ref[0], ref_lowp[0])
+    assert ok, (err, err_pt)
 
 
 @gpu

@@ -108,9 +108,9 @@ struct FwdParams {
   // ---- KV cache (flash_attn_with_kvcache; fixed-length calls only) and split-KV (any call without dropout) ----
   // These are device values the kernels do not trust; each is clamped as said, so that no row outside k / v
   // is read. A call with any of them runs the split-KV kernel, but where the Hopper forward serves it: more than 64
-  // packed query rows (seqlen_q x the query heads per kv head; chunked prefill), on an sm_90 GPU with the Hopper
+  // query rows per head (chunked prefill; varlen: also total_q > 64 x batch), on an sm_90 GPU with the Hopper
   // forward built (not FLASH_ATTN2_BACKEND=sm80), a contiguous cache or pages of a multiple of 16 rows without
-  // leftpad_k.
+  // leftpad_k, strides TMA takes (no zero stride over an extent above one). run_bwd takes none of them.
   // seqused_k: (batch,) int32; batch entry b uses key rows [leftpad_k[b], seqused_k[b] + seqused_k_add) of its
   // k / v rows (seqlen_k of them: a cache's capacity), seqused_k[b] clamped to [0, seqlen_k] (as run_kv_append
   // clamps cache_seqlens) and the end to seqlen_k, the start to [0, end]; seqused_k nullptr: the end is seqlen_k. seqused_k_add: rows appended by this call (flash_attn_with_kvcache's

@@ -123,7 +123,7 @@ struct SeqlenInfo {
   struct WithCache {};
   __device__ SeqlenInfo(const FwdParams& p, int bidb, WithCache) : SeqlenInfo(p, bidb) {
     const bool cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
-    if (__builtin_expect(!cache, 1)) return;
+    if (!cache) return;
     if (p.page_table != nullptr) {
       pages = p.page_table + bidb * p.page_table_batch_stride;
       varlen_k = false, start_k = 0;

@@ -86,44 +86,51 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
       copy(tma.with(full[state.stage], 0, TMA::CacheHintSm90::EVICT_LAST), tXgX(_, n_block), tXsX(_, state.stage));
     }
   };
-  // A paged cache: block n_block's rows in boxes of kPagedRows rows by one column atom (fwd_traits.h), one box per
-  // lane at a time, each through its page-table entry (clamped to the pages; rows past the sequence read page 0
-  // and are masked, their V rows zeroed: fwd_consume_tile). The leader's expect_tx comes first, so no box can
-  // complete the phase early.
+  // A paged cache: block n_block's rows in boxes of kPagedRows rows by one column atom (fwd_traits.h), each box
+  // through its page-table entry (clamped to the pages; rows past the sequence read page 0 and are masked, their V
+  // rows zeroed: fwd_consume_tile), the lanes taking a box each. The leader's expect_tx comes first, so no box can
+  // complete the phase early. Compile-time shapes and plain offsets into the stage (fwd_traits.h asserts the
+  // layout): the producer has 24 registers.
   constexpr int kBoxRows = kPagedRows, kBoxes = Traits::kBlockN / kBoxRows;
-  auto load_paged = [&](const CUtensorMap* desc, const auto& sX, int atom_cols, int cols, uint64_t* full,
+  auto load_paged = [&](const CUtensorMap* desc, typename Traits::Element* stage0, auto cols, auto atom_cols, uint64_t* full,
                         uint64_t* empty, int n_block, uint32_t bytes) {
+    constexpr int kCols = decltype(cols)::value, kAtomCols = decltype(atom_cols)::value;
+    constexpr int kAtoms = kCols / kAtomCols, kTotal = kBoxes * kAtoms;
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) barrier_expect_tx(&full[state.stage], bytes);
     __syncwarp();
-    const int atoms = cols / atom_cols;
-    for (int box = int(threadIdx.x % 32); box < kBoxes * atoms; box += 32) {
-      const int rows = box / atoms, atom = box % atoms;
-      const int row = n_block * Traits::kBlockN + rows * kBoxRows;  // logical key row
-      int page = 0, page_row = 0;
-      if (row < seq.len_k) {
-        const int entry = seq.pages[row / p.page_size];
-        page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
-        page_row = row % p.page_size;
+    typename Traits::Element* stage_base = stage0 + state.stage * (Traits::kBlockN * kCols);
+    CUTE_UNROLL
+    for (int i = 0; i < (kTotal + 31) / 32; ++i) {
+      const int box = int(threadIdx.x % 32) + 32 * i;
+      if (box < kTotal) {
+        const int rows = box / kAtoms, atom = box % kAtoms;
+        const int row = n_block * Traits::kBlockN + rows * kBoxRows;  // logical key row
+        int page = 0, page_row = 0;
+        if (row < seq.len_k) {
+          const int entry = seq.pages[row / p.page_size];
+          page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
+          page_row = row % p.page_size;
+        }
+        SM90_TMA_LOAD_4D::copy(desc, &full[state.stage], uint64_t(TMA::CacheHintSm90::EVICT_LAST),
+                               stage_base + atom * (Traits::kBlockN * kAtomCols) + rows * (kBoxRows * kAtomCols),
+                               atom * kAtomCols, page_row, bidh_k, page);
       }
-      SM90_TMA_LOAD_4D::copy(desc, &full[state.stage], uint64_t(TMA::CacheHintSm90::EVICT_LAST),
-                             &sX(rows * kBoxRows, atom * atom_cols, state.stage), atom * atom_cols, page_row, bidh_k,
-                             page);
     }
   };
   const bool paged = p.page_table != nullptr;
   auto load_k = [&](int n_block) {
     if (paged) {
-      load_paged(&args.paged_k, sK, Traits::kAtomCols, Traits::kHeadDim, smem.k_full, smem.k_empty, n_block,
-                 Traits::kKVBytes);
+      load_paged(&args.paged_k, smem.k.data(), Int<Traits::kHeadDim>{}, Int<Traits::kAtomCols>{}, smem.k_full,
+                 smem.k_empty, n_block, Traits::kKVBytes);
     } else {
       load_kv(args.tma_k, tKgK, tKsK, smem.k_full, smem.k_empty, n_block, Traits::kKVBytes);
     }
   };
   auto load_v = [&](int n_block) {
     if (paged) {
-      load_paged(&args.paged_v, sV, Traits::kAtomColsV, Traits::kHeadDimV, smem.v_full, smem.v_empty, n_block,
-                 Traits::kVBytes);
+      load_paged(&args.paged_v, smem.v.data(), Int<Traits::kHeadDimV>{}, Int<Traits::kAtomColsV>{}, smem.v_full,
+                 smem.v_empty, n_block, Traits::kVBytes);
     } else {
       load_kv(args.tma_v, tVgV, tVsV, smem.v_full, smem.v_empty, n_block, Traits::kVBytes);
     }

@@ -40,13 +40,15 @@ struct FwdTraitsSm90 {
   static constexpr int kConsumerWarpgroups = kBlockM / 64;
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
   static constexpr int kNThreads = 128 + kConsumerThreads;
-  // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the 64K (two consumer
-  // warpgroups: 32 x 128 + 240 x 256 is all of it). 32, not 24: a paged cache's box loop (fwd_mainloop.h) spilled
-  // with 24 (d 256's short-causal kernel, 16 bytes).
-  static constexpr int kProducerRegs = 32;
+  // setmaxnreg budgets: the producer keeps few registers, the consumers share the rest of the block's, which is
+  // what ptxas gives each thread at launch (65536 / threads, rounded down to 8) times the threads: 168 x 384 with
+  // two consumer warpgroups. A budget past it can hang the consumers' setmaxnreg.inc (CUTLASS issue 2007).
+  static constexpr int kProducerRegs = kConsumerWarpgroups == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = kConsumerWarpgroups == 2 ? 240 : 160;
   static_assert(kBlockM % 64 == 0 && kBlockN % 16 == 0 && kHeadDim % 16 == 0 && kHeadDimV % 16 == 0);
   static_assert(kConsumerWarpgroups <= 3, "named barrier ids: two per consumer warpgroup");
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <= 65536 / kNThreads / 8 * 8 * kNThreads,
+                "setmaxnreg budgets past the block's registers");
   // The consumer warpgroups take turns issuing their GEMMs, so one's softmax runs under the others': +5-10%
   // at head dim 128, neutral at 64 (benchmarks/TUNING.md step 18); off above 128, where it measured 3-4% slower
   // at d 192 and neutral at d 256 (step 68).
@@ -113,10 +115,13 @@ struct FwdTraitsSm90 {
   // layouts stack the atoms along the rows first, then along the columns, then the stages.
   static constexpr int kAtomCols = cute::size<1>(SmemAtom{}), kAtomColsV = cute::size<1>(SmemAtomV{});
   static_assert(kBlockN % 16 == 0 && kHeadDim % kAtomCols == 0 && kHeadDimV % kAtomColsV == 0);
-  template <class Layout, int kCols, int kAtom>
+  // (On the layout without its swizzle: the swizzle permutes 16-byte chunks within each 8-row atom, as TMA's
+  // swizzle mode writes them.)
+  template <class SwizzledLayout, int kCols, int kAtom>
   static constexpr bool boxes_contiguous() {
-    return Layout{}(16, 0, 0) == 16 * kAtom && (kCols == kAtom || Layout{}(0, kAtom, 0) == kBlockN * kAtom) &&
-           (kStages == 1 || Layout{}(0, 0, 1) == kBlockN * kCols);
+    constexpr auto layout = cute::get_nonswizzle_portion(SwizzledLayout{});
+    return layout(16, 0, 0) == 16 * kAtom && (kCols == kAtom || layout(0, kAtom, 0) == kBlockN * kAtom) &&
+           (kStages == 1 || layout(0, 0, 1) == kBlockN * kCols) && layout(1, 0, 0) == kAtom;
   }
   static_assert(boxes_contiguous<SmemLayoutKV, kHeadDim, kAtomCols>(), "a paged box of K: 16 contiguous rows of one atom");
   static_assert(boxes_contiguous<SmemLayoutV, kHeadDimV, kAtomColsV>(), "a paged box of V: 16 contiguous rows of one atom");
