@@ -12,7 +12,7 @@
 #               shim benchmarks/peer_shim on sys.path); speedup = peer_ms / ring_ms.
 # One process per GPU:
 #   torchrun --nproc_per_node=4 benchmarks/ring_bench.py [--seqlens 32768 131072 524288 1048576] [--peer]
-#       [--out results.csv]
+#       [--out results.csv]   (and its plot, results.png; or: python benchmarks/ring_bench.py --plot-only CSV PNG)
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
 import argparse
 import csv
@@ -156,14 +156,57 @@ def peer_zigzag():
     return zigzag_ring_flash_attn_func
 
 
+def plot(csv_path, png_path):
+    """One panel per pass: the ring's and the peer's times against the sequence length (one line per world size),
+    and the efficiency on a second axis; from the CSV this script writes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    passes = sorted({r["pass"] for r in rows})
+    fig, axes = plt.subplots(1, len(passes), figsize=(5.5 * len(passes), 4), squeeze=False)
+    for ax, pass_ in zip(axes.flat, passes):
+        eff = ax.twinx()
+        for i, world in enumerate(sorted({int(r["world"]) for r in rows})):
+            pts = sorted((int(r["seqlen"]), r) for r in rows if r["pass"] == pass_ and int(r["world"]) == world)
+            x = [s for s, _ in pts]
+            ax.plot(x, [float(r["ring_ms"]) for _, r in pts], marker="o", color=f"C{i}", label=f"flash_attn2, {world} GPUs")
+            if all(r.get("peer_ms") for _, r in pts):
+                ax.plot(x, [float(r["peer_ms"]) for _, r in pts], marker="x", ls="--", color=f"C{i}",
+                        label=f"ring-flash-attn, {world} GPUs")
+            eff.plot(x, [float(r["efficiency"]) for _, r in pts], marker=".", ls=":", color=f"C{i}", alpha=0.6,
+                     label=f"efficiency, {world} GPUs")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("total tokens")
+        ax.set_ylabel("ms (max over ranks)")
+        eff.set_ylabel("efficiency (compute alone / ring)")
+        eff.set_ylim(0, 1.05)
+        ax.set_title(f"{pass_}: zigzag causal, h {HEADS} / {HEADS_K}, d {HEAD_DIM}", fontsize=9)
+        ax.grid(alpha=0.3)
+        lines = ax.get_legend_handles_labels()
+        more = eff.get_legend_handles_labels()
+        ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    fig.suptitle(rows[0]["gpu"] if rows else "")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=110)
+    plt.close(fig)
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--plot-only":  # python ring_bench.py --plot-only results.csv out.png
+        plot(sys.argv[2], sys.argv[3])
+        return
     p = argparse.ArgumentParser()
     p.add_argument("--seqlens", nargs="+", type=int, default=[32768, 131072, 524288, 1048576])
     p.add_argument("--passes", nargs="+", default=["fwd", "fwd_bwd"], choices=["fwd", "fwd_bwd"])
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--peer", action="store_true", help="also time ring-flash-attn 0.1.8 through benchmarks/peer_shim")
     p.add_argument("--no-single", action="store_true", help="skip the one-GPU reference call")
-    p.add_argument("--out", default=None, help="CSV, a row appended (and flushed) as each point finishes")
+    p.add_argument("--out", default=None, help="CSV, a row appended (and flushed) as each point finishes; its plot "
+                   "beside it (.png) at the end")
     args = p.parse_args()
     # A rank that fails alone (out of memory, say) stops the others after 3 minutes, not NCCL's default 10.
     dist.init_process_group("nccl", timeout=datetime.timedelta(minutes=3))
@@ -232,6 +275,8 @@ def main():
         del q, k, v, dout, blocks
         torch.cuda.empty_cache()
     dist.destroy_process_group()
+    if rank == 0 and args.out:
+        plot(args.out, os.path.splitext(args.out)[0] + ".png")
 
 
 if __name__ == "__main__":
