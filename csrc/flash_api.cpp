@@ -783,33 +783,64 @@ std::tuple<Tensor, Tensor> fwd_kvcache(const Tensor& q, const Tensor& k_cache, c
 // kernels' (batch, seqlen, heads, head_dim) views. A dozen Python tensor calls per call made a small SDPA call
 // host-bound (0.59-0.80x the direct call at seqlen 512 on an H200).
 
-// (out in query's strides, as PyTorch's meta function says; lse (batch, heads, seqlen_q); SDPA's philox_seed (2,)
-// and philox_offset () uint64: our (seed, offset) pair and 0 with dropout, unset without, as PyTorch's own kernels
-// leave them; the empty debug mask).
+// Our forward into `out` (kernel views of the caller's tensors; fixed length or varlen), in place where every tensor
+// is kernel-ready, else through the op and a copy: (lse, rng_state).
+std::tuple<Tensor, Tensor> fwd_into(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
+                                    const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                    int64_t max_seqlen_k, double dropout_p, bool causal, double softmax_scale,
+                                    int64_t window_left, int64_t window_right, const OptTensor& alibi_slopes) {
+  check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
+  check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
+  if (q.size(-1) % 8 == 0 && v.size(-1) == q.size(-1) && aligned(q) && aligned(k) && aligned(v) && aligned(out)) {
+    Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)}
+                                        : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
+                           q.options().dtype(at::kFloat));
+    Tensor rng_state = at::empty({dropout_p > 0.0 ? 2 : 0}, q.options().dtype(at::kLong));
+    fwd_out(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+            window_left, window_right, 0.0, alibi_slopes, dropout_p, rng_state, /*new_seed=*/true, std::nullopt);
+    return {lse, rng_state};
+  }
+  auto [o, lse, rng_state] = fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                 window_left, window_right, 0.0, alibi_slopes, false, dropout_p, std::nullopt);
+  out.copy_(o);
+  return {lse, rng_state};
+}
+
+// SDPA's (philox_seed (2,) uint64, philox_offset () uint64) and empty debug mask: our (seed, offset) pair and 0 with
+// dropout, unset without (as PyTorch's own kernels leave them).
+std::tuple<Tensor, Tensor, Tensor> philox_outputs(const Tensor& rng_state, const Tensor& q) {
+  const auto u64 = q.options().dtype(at::kUInt64);
+  const bool dropout = rng_state.numel() == 2;
+  return {dropout ? rng_state.view(at::kUInt64) : at::empty({2}, u64), dropout ? at::zeros({}, u64) : at::empty({}, u64),
+          at::empty({0}, q.options())};
+}
+
+// `_scaled_dot_product_flash_attention`: out in query's strides, as PyTorch's meta function says; lse (batch, heads,
+// seqlen_q); the philox outputs and debug mask.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_fwd(const Tensor& query, const Tensor& key, const Tensor& value,
                                                             double dropout_p, bool causal, double softmax_scale) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
               "flash_attn2: SDPA's query, key and value are (batch, heads, seqlen, head_dim)");
-  const Tensor q = query.transpose(1, 2), k = key.transpose(1, 2), v = value.transpose(1, 2);
-  check_inputs(q, k, v, std::nullopt, std::nullopt);
   Tensor out_bhsd = at::empty_like(query);
   Tensor out = out_bhsd.transpose(1, 2);
-  Tensor lse, rng_state;
-  if (q.size(-1) % 8 == 0 && v.size(-1) == q.size(-1) && aligned(q) && aligned(k) && aligned(v) && aligned(out)) {
-    lse = at::empty({query.size(0), query.size(1), query.size(2)}, query.options().dtype(at::kFloat));
-    rng_state = at::empty({dropout_p > 0.0 ? 2 : 0}, query.options().dtype(at::kLong));
-    fwd_out(q, k, v, out, lse, std::nullopt, std::nullopt, q.size(1), k.size(1), softmax_scale, causal, -1, -1, 0.0,
-            std::nullopt, dropout_p, rng_state, /*new_seed=*/true, std::nullopt);
-  } else {  // padded or copied inside the op, then into query's strides
-    auto [o, l, r] = fwd(q, k, v, std::nullopt, std::nullopt, q.size(1), k.size(1), softmax_scale, causal, -1, -1, 0.0,
-                         std::nullopt, false, dropout_p, std::nullopt);
-    out.copy_(o);
-    lse = l, rng_state = r;
-  }
-  const auto u64 = query.options().dtype(at::kUInt64);
-  Tensor seed = rng_state.numel() == 2 ? rng_state.view(at::kUInt64) : at::empty({2}, u64);
-  Tensor offset = rng_state.numel() == 2 ? at::zeros({}, u64) : at::empty({}, u64);
-  return {out_bhsd, lse, seed, offset, at::empty({0}, query.options())};
+  auto [lse, rng_state] = fwd_into(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), out,
+                                   std::nullopt, std::nullopt, query.size(2), key.size(2), dropout_p, causal,
+                                   softmax_scale, -1, -1, std::nullopt);
+  auto [seed, offset, debug_mask] = philox_outputs(rng_state, query);
+  return {out_bhsd, lse, seed, offset, debug_mask};
+}
+
+// `_flash_attention_forward` (varlen_attn, and dense calls in the kernels' own layout): out in query's strides.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> flash_fwd(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                             const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
+                                                             int64_t max_seqlen_q, int64_t max_seqlen_k, double dropout_p,
+                                                             bool causal, double softmax_scale, int64_t window_left,
+                                                             int64_t window_right, const OptTensor& alibi_slopes) {
+  Tensor out = at::empty_like(query);
+  auto [lse, rng_state] = fwd_into(query, key, value, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   dropout_p, causal, softmax_scale, window_left, window_right, alibi_slopes);
+  auto [seed, offset, debug_mask] = philox_outputs(rng_state, query);
+  return {out, lse, seed, offset, debug_mask};
 }
 
 // dq, dk, dv in SDPA's layout (each in its input's strides where the kernels can write them: grad_like).
@@ -1041,6 +1072,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kvcache_num_splits", &kvcache_num_splits, "The key splits of a kv-cache forward of these shapes");
   m.def("sdpa_fwd", &sdpa_fwd, "SDPA's flash forward on (batch, heads, seqlen, head_dim) tensors, in one call");
   m.def("sdpa_bwd", &sdpa_bwd, "SDPA's flash backward on (batch, heads, seqlen, head_dim) tensors, in one call");
+  m.def("flash_fwd", &flash_fwd, "aten::_flash_attention_forward's body (varlen_attn), in one call");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

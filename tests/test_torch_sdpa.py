@@ -58,14 +58,6 @@ def test_support_errors():
         assert "return_debug_mask" in torch_sdpa.support_error(qc, (qc,), return_debug_mask=True)
 
 
-def test_kernel_ready_rule():
-    x = torch.zeros(2, 8, 4, 64, dtype=torch.bfloat16)
-    assert torch_sdpa._kernel_ready(x) and torch_sdpa._kernel_ready(x.transpose(1, 2))
-    assert not torch_sdpa._kernel_ready(x[..., :60])            # head dim not a multiple of 8
-    assert not torch_sdpa._kernel_ready(x[:, :, :, 1:])          # base off 16 bytes, odd head dim
-    assert not torch_sdpa._kernel_ready(x.expand(2, 8, 4, 64).as_strided((2, 8, 4, 64), (0, 256, 64, 1)))
-
-
 # ---- GPU ----
 
 def _inputs(batch, heads, heads_k, seqlen_q, seqlen_k, d, dtype=torch.bfloat16, grad=True):
@@ -100,6 +92,36 @@ def test_sdpa_flash_matches_direct_and_reference(active, d, causal, heads_k):
     lowp, _ = attention_ref(qt.detach(), kt.detach(), vt.detach(), causal, upcast=False)
     ok, err, err_pt = within_tolerance(out.transpose(1, 2), ref, lowp)
     assert ok, f"error {err} vs PyTorch's {err_pt}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous_bhsd", "offset_base", "head_dim_40"])
+def test_sdpa_layouts_in_place_or_copied(active, layout):
+    """The override's C++ body (flash_api.cpp: sdpa_fwd / sdpa_bwd) on SDPA's (b, h, s, d) tensors: in place where
+    the kernels can read them (a contiguous (b, h, s, d) tensor, read as a strided view; a head dim below its
+    bucket, 40 on the d 64 kernels), through the op and a copy where they cannot (a base 2 bytes off 16; SDPA
+    itself pads head dims to a multiple of 8): out and the gradients in their inputs' shapes, out in query's
+    strides, equal to the direct call's on contiguous copies."""
+    d = 40 if layout == "head_dim_40" else 64
+    if 64 not in flash_attn2.compiled_head_dims(torch.bfloat16):
+        pytest.skip("head dim 64 bf16 not compiled")
+    if layout == "offset_base":  # every tensor starts one element into its storage: no 16-byte base
+        q, k, v = (torch.randn(2 * 4 * 129 * d + 1, device="cuda", dtype=torch.bfloat16)[1:].view(2, 4, 129, d)
+                   .requires_grad_() for _ in range(3))
+    else:
+        q, k, v = _inputs(2, 4, 4, 129, 129, d)
+    dout = torch.randn(2, 4, 129, d, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert out.shape == q.shape and out.stride() == torch.empty_like(q).stride()
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+    direct = flash_attn2.flash_attn_func(qt, kt, vt, causal=True)
+    direct_grads = torch.autograd.grad(direct, (qt, kt, vt), dout.transpose(1, 2))
+    assert torch.equal(out, direct.transpose(1, 2))
+    for g, dg, t in zip(grads, direct_grads, (q, k, v)):
+        assert g.shape == t.shape
+        assert max_error(g, dg.transpose(1, 2)) <= 1e-2
 
 
 @pytest.mark.gpu

@@ -110,49 +110,9 @@ def _scale(scale, head_dim: int) -> float:
     return float(scale) if scale is not None else 1.0 / math.sqrt(head_dim)
 
 
-def _rng_outputs(rng_state: torch.Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """SDPA's (philox_seed (2,) uint64, philox_offset () uint64): our (seed, offset) pair with dropout. Without it
-    both are left unset, as PyTorch's own flash kernels leave them (no backward reads them then): no fill kernels
-    on a path whose small calls are host-bound."""
-    if rng_state.numel() == 2:  # the offset lives in our pair: SDPA's own offset output is 0
-        return rng_state.view(torch.uint64), torch.zeros((), dtype=torch.uint64, device=device)
-    return torch.empty(2, dtype=torch.uint64, device=device), torch.empty((), dtype=torch.uint64, device=device)
-
-
 def _rng_input(philox_seed: torch.Tensor, dropout_p: float):
     """Our rng_state (2,) int64 from SDPA's philox_seed, where the forward had dropout."""
     return philox_seed.view(torch.int64) if dropout_p > 0 and philox_seed.numel() == 2 else None
-
-
-def _kernel_ready(t: torch.Tensor) -> bool:
-    """csrc/flash_api.cpp's aligned(): the kernels read and write it in place (16-byte base, unit last stride,
-    other strides whole 16-byte vectors, a nonzero row stride)."""
-    if t.stride(-1) != 1 or t.data_ptr() % 16 != 0 or t.shape[-1] % 8 != 0:
-        return False
-    return all((s % 8 == 0 and s != 0) or (n == 1 and i != t.dim() - 3)
-               for i, (n, s) in enumerate(zip(t.shape[:-1], t.stride()[:-1])))
-
-
-def _forward(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, causal, scale, window, alibi_slopes, out=None):
-    """Our forward on (batch, seqlen, heads, d) or packed tensors -> (out, lse, rng_state); into `out` where given
-    (in place where every tensor is kernel-ready, else through the op and a copy)."""
-    from .. import _ops
-
-    left, right = window
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    if out is None or not all(_kernel_ready(t) for t in (q, k, v, out)):
-        o, lse, rng_state = _ops.fwd(q, k, v, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, alibi_slopes,
-                                     deterministic, dropout_p)
-        if out is not None:
-            out.copy_(o)
-            o = out
-        return o, lse, rng_state
-    lse = q.new_empty((q.shape[1], q.shape[0]) if cu_q is not None else (q.shape[0], q.shape[2], q.shape[1]),
-                      dtype=torch.float32)
-    rng_state = q.new_empty((2 if dropout_p > 0 else 0,), dtype=torch.int64)
-    _ops.ext.fwd_out(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, scale, causal, left, right, 0.0, alibi_slopes,
-                     dropout_p, rng_state, True, None)
-    return out, lse, rng_state
 
 
 def _backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, causal, scale, window, rng_state):
@@ -180,13 +140,13 @@ def _register() -> _Handle:
                 keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                 return_debug_mask, scale=scale, window_size_left=window_size_left,
                 window_size_right=window_size_right, seqused_k=seqused_k, alibi_slopes=alibi_slopes)
-        check_alibi_slopes(alibi_slopes, query, cum_seq_q)  # the in-place path skips the op's own check
-        out = torch.empty_like(query)  # the meta function's strides
-        out, lse, rng_state = _forward(query, key, value, cum_seq_q, cum_seq_k, int(max_q), int(max_k), dropout_p,
-                                       is_causal, _scale(scale, query.shape[-1]),
-                                       _window(window_size_left, window_size_right), alibi_slopes, out)
-        seed, offset = _rng_outputs(rng_state, query.device)
-        return out, lse, seed, offset, torch.empty(0, dtype=query.dtype, device=query.device)
+        check_alibi_slopes(alibi_slopes, query, cum_seq_q)  # Python's errors, as the direct API gives
+        # One C++ call (csrc/flash_api.cpp: flash_fwd): out in query's strides (the meta function's), lse, SDPA's
+        # philox outputs, the empty debug mask.
+        varlen = cum_seq_q is not None and cum_seq_q.numel() > 0
+        return _ext().flash_fwd(query, key, value, cum_seq_q if varlen else None, cum_seq_k if varlen else None,
+                                int(max_q), int(max_k), dropout_p, is_causal, _scale(scale, query.shape[-1]),
+                                *_window(window_size_left, window_size_right), alibi_slopes)
 
     def flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                        dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
