@@ -91,7 +91,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
         const BlockRange blocks =
             fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
         if (blocks.n_max > blocks.n_min) {
-          fwd_produce_tile<Traits, kExtended>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, state, q_phase, leader);
+          if (p.page_table != nullptr) {
+            fwd_produce_tile<Traits, kExtended, true>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, state,
+                                                      q_phase, leader);
+          } else {
+            fwd_produce_tile<Traits, kExtended, false>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, state,
+                                                       q_phase, leader);
+          }
           q_phase ^= 1;
         }
       }

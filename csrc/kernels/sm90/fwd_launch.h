@@ -23,8 +23,8 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
   auto kernel = &fwd_kernel_sm90<Traits, is_extended(kKind), kKind == Kind::kDropout>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes, plan.device)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
-  const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
-  const auto shape_v = sm90::tma_shape<false>(p, Traits::head_dim_v(p));
+  const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape_kv(p, p.head_dim);
+  const auto shape_v = sm90::tma_shape_kv(p, Traits::head_dim_v(p));
   const auto shape_o = sm90::tma_shape<true>(p, Traits::head_dim_v(p));
   sm90::tma_encode_failed = false;
   using cute::SM90_TMA_LOAD, cute::SM90_TMA_STORE;

@@ -41,8 +41,9 @@ __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRan
 // Issues one tile's loads: K[n_max - 1] first (its stage may free up before Q's), each warpgroup's Q slab
 // once that warpgroup is done with its last one, then V[n_max - 1], K[n_max - 2], ... Called by a whole warp;
 // `leader` issues. Every consumer warpgroup releases every stage, those it skips too (fwd_consume_tile).
-// The pipeline states carry over from tile to tile.
-template <class Traits, bool kExtended>
+// The pipeline states carry over from tile to tile. kPaged: a paged KV cache's K / V (FwdParams::page_table), an
+// instantiation of its own so that the other calls' producer keeps its registers (24 with two consumer warpgroups).
+template <class Traits, bool kExtended, bool kPaged>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
                                  PipelineState& state, uint32_t q_phase, bool leader) {
@@ -118,9 +119,8 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
       }
     }
   };
-  const bool paged = p.page_table != nullptr;
   auto load_k = [&](int n_block) {
-    if (paged) {
+    if constexpr (kPaged) {
       load_paged(&args.paged_k, smem.k.data(), Int<Traits::kHeadDim>{}, Int<Traits::kAtomCols>{}, smem.k_full,
                  smem.k_empty, n_block, Traits::kKVBytes);
     } else {
@@ -128,7 +128,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
   };
   auto load_v = [&](int n_block) {
-    if (paged) {
+    if constexpr (kPaged) {
       load_paged(&args.paged_v, smem.v.data(), Int<Traits::kHeadDimV>{}, Int<Traits::kAtomColsV>{}, smem.v_full,
                  smem.v_empty, n_block, Traits::kVBytes);
     } else {
@@ -143,7 +143,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
       prefetch(args.tma_q, tQgQ(_, m_block * Traits::kConsumerWarpgroups + w));
     }
-    if (!paged) {
+    if constexpr (!kPaged) {
       prefetch(args.tma_k, tKgK(_, blocks.n_max - 1));
       prefetch(args.tma_v, tVgV(_, blocks.n_max - 1));
     }

@@ -62,22 +62,30 @@ namespace flash_attn2::sm90 {
 
 // The (rows, head_dim, heads, batch) extents of the q-side (kIsQ) or k-side tensors' descriptors; head_dim V's and
 // O's where it differs from q's (FwdTraitsSm90::head_dim_v).
-// K / V of a KV cache (the forward only): kv_batch entries with kv_batch_idx; a paged cache as (page_size rows,
-// head_dim, heads, num_pages), its batch stride the page stride (the producer loads its rows through the table with
-// paged descriptors: make_paged_tma; this view only keeps the launcher's K / V descriptors valid).
 template <bool kIsQ>
 __host__ __device__ inline auto tma_shape(const FwdParams& p, int head_dim) {
   const bool varlen = p.cu_seqlens_q != nullptr;
-  int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
-  int64_t batch = varlen ? 1 : p.batch;
-  if (!kIsQ && p.page_table != nullptr) {
-    rows = p.page_size, batch = p.num_pages;
-  } else if (!kIsQ && !varlen && p.kv_batch_idx != nullptr) {
-    batch = p.kv_batch;
-  }
+  const int64_t rows = kIsQ ? (varlen ? p.total_q : p.seqlen_q) : (varlen ? p.total_k : p.seqlen_k);
   return cute::make_shape(int(rows > 0 ? rows : 1), head_dim, kIsQ ? p.num_heads : p.num_heads_k,
-                          int(batch > 0 ? batch : 1));
+                          varlen ? 1 : (p.batch > 0 ? p.batch : 1));
 }
+
+// The K / V descriptors' extents on the host (the launcher): tma_shape's, but for a KV cache (the forward only)
+// kv_batch entries with kv_batch_idx, and a paged cache as (page_size rows, head_dim, heads, num_pages), its batch
+// stride the page stride (the producer loads its rows through the table with make_paged_tma's descriptors; this
+// view keeps the CuTe descriptors valid). The kernels' coordinate tensors keep tma_shape's extents: coordinates
+// past them are never bounds-checked there, the descriptors' extents are what TMA clips to.
+inline auto tma_shape_kv(const FwdParams& p, int head_dim) {
+  auto shape = tma_shape<false>(p, head_dim);
+  if (p.page_table != nullptr) {
+    return cute::make_shape(p.page_size > 0 ? p.page_size : 1, head_dim, p.num_heads_k, p.num_pages > 0 ? p.num_pages : 1);
+  }
+  if (p.cu_seqlens_q == nullptr && p.kv_batch_idx != nullptr) {
+    return cute::make_shape(cute::get<0>(shape), head_dim, p.num_heads_k, p.kv_batch > 0 ? p.kv_batch : 1);
+  }
+  return shape;
+}
+
 template <bool kIsQ>
 __host__ __device__ inline auto tma_shape(const FwdParams& p) {
   return tma_shape<kIsQ>(p, p.head_dim);
