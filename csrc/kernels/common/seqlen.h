@@ -73,12 +73,15 @@ struct CacheRows {
   int kv_bidb, begin, len;
 };
 
+// The k / v batch entry batch entry b reads: kv_batch_idx[b] clamped to [0, kv_batch), or b.
+__device__ inline int kv_batch_entry(const FwdParams& p, int bidb) {
+  if (p.kv_batch_idx == nullptr) return bidb;
+  const int idx = p.kv_batch_idx[bidb];
+  return idx < 0 ? 0 : idx >= p.kv_batch ? p.kv_batch - 1 : idx;
+}
+
 __device__ inline CacheRows cache_rows(const FwdParams& p, int bidb) {
-  int kv_bidb = bidb;
-  if (p.kv_batch_idx != nullptr) {
-    const int idx = p.kv_batch_idx[bidb];
-    kv_bidb = idx < 0 ? 0 : idx >= p.kv_batch ? p.kv_batch - 1 : idx;
-  }
+  const int kv_bidb = kv_batch_entry(p, bidb);
   int64_t end = p.seqlen_k;
   if (p.seqused_k != nullptr) {
     const int used = p.seqused_k[bidb];
@@ -106,11 +109,9 @@ struct SeqlenInfo {
   int len_q, len_k;
   int64_t start_q, start_k;  // first row in the packed tensors (varlen; a cache's leftpad_k row), else 0
   bool varlen_q, varlen_k;
-  int kv_bidb;               // k / v's batch entry: bidb, or kv_batch_idx's (WithCache)
-  const int* pages;          // paged (WithCache): this batch entry's row of the page table, else nullptr
 
   __device__ SeqlenInfo(const FwdParams& p, int bidb)
-      : varlen_q(p.cu_seqlens_q != nullptr), varlen_k(p.cu_seqlens_k != nullptr), kv_bidb(bidb), pages(nullptr) {
+      : varlen_q(p.cu_seqlens_q != nullptr), varlen_k(p.cu_seqlens_k != nullptr) {
     const RowRange q = varlen_q ? packed_rows(p.cu_seqlens_q, bidb, p.total_q) : RowRange{0, p.seqlen_q};
     const RowRange k = varlen_k ? packed_rows(p.cu_seqlens_k, bidb, p.total_k) : RowRange{0, p.seqlen_k};
     start_q = q.begin, len_q = int(q.end - q.begin);
@@ -119,18 +120,18 @@ struct SeqlenInfo {
 
   // The same, and a KV cache's fields (flash_attn2.h) where set: the kernels that serve kv-cache calls (the Hopper
   // forward) construct it so; the others never see those fields (dispatch.cpp). Paged keys are logical rows
-  // [0, len_k) through `pages` (start_k 0; leftpad_k is not taken with pages here).
+  // [0, len_k) through the batch entry's row of the page table (start_k 0; leftpad_k is not taken with pages
+  // here); a contiguous cache's from row start_k (leftpad_k) of k / v batch entry kv_batch_entry(p, b).
   struct WithCache {};
   __device__ SeqlenInfo(const FwdParams& p, int bidb, WithCache) : SeqlenInfo(p, bidb) {
     const bool cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
     if (!cache) return;
     if (p.page_table != nullptr) {
-      pages = p.page_table + bidb * p.page_table_batch_stride;
       varlen_k = false, start_k = 0;
       len_k = varlen_q ? paged_varlen_keys(p, bidb) : cache_rows(p, bidb).len;
     } else if (!varlen_q) {
       const CacheRows rows = cache_rows(p, bidb);
-      kv_bidb = rows.kv_bidb, start_k = rows.begin, len_k = rows.len;
+      start_k = rows.begin, len_k = rows.len;
     }
   }
 

@@ -50,7 +50,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   using namespace cute;
   const FwdParams& p = args.params;
   const int batch_index = p.cu_seqlens_q != nullptr ? 0 : bidb;
-  const int kv_batch_index = p.cu_seqlens_q != nullptr ? 0 : seq.kv_bidb;  // kv_batch_idx's entry (a KV cache)
+  const int kv_batch_index = p.cu_seqlens_q != nullptr ? 0 : kv_batch_entry(p, bidb);  // a KV cache's kv_batch_idx
   const int bidh_k = bidh / (p.num_heads / p.num_heads_k);
   Tensor mQ = args.tma_q.get_tma_tensor(tma_shape<true>(p));   // (rows, D, heads, batch) coordinates
   Tensor mK = args.tma_k.get_tma_tensor(tma_shape<false>(p));  // (rows, D, heads_k, batch)
@@ -109,7 +109,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
         const int row = n_block * Traits::kBlockN + rows * kBoxRows;  // logical key row
         int page = 0, page_row = 0;
         if (row < seq.len_k) {
-          const int entry = seq.pages[row / p.page_size];
+          const int entry = p.page_table[bidb * p.page_table_batch_stride + row / p.page_size];
           page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
           page_row = row % p.page_size;
         }
