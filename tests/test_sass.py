@@ -97,7 +97,7 @@ def test_hopper_backward_kernels_use_wgmma():
 
 # The plain kernels' (no softcap, ALiBi or dropout) stack frames, where ptxas puts spilled registers: bytes by
 # head dim (None: the others), the largest measured (local ptxas, bf16) with slack. Measured: the forward 0-24 B but
-# d 224 40 and d 256 40 (8 and 32 before the KV-cache route, TUNING 137); the backward 24-40 B but d 64 128
+# d 224 40 (8 before the KV-cache route, TUNING 137) and d 256 40; the backward 24-40 B but d 64 128
 # (168 in ALiBi's plain kernel). A change to a helper the forward shares (the SlotRing's receive, step 108) grew the
 # d 256 forward's frame from 32 to 136 B and cost it 10-15% while every test passed (TUNING 110).
 PLAIN_STACK_BUDGET = {"fwd_kernel_sm90": {None: 64}, "bwd_kernel_sm90": {None: 64, 64: 192}}
