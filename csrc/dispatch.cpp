@@ -468,6 +468,27 @@ int64_t fwd_split_accum_elems(const FwdParams& p, int num_splits) {
   return int64_t(num_splits) * p.batch * p.num_heads * p.seqlen_q * (int64_t(p.head_dim) + 1);
 }
 
+cudaError_t run_merge_partial(const MergeParams& p, cudaStream_t stream) {
+  last_error.clear();
+  if (p.version != FLASH_ATTN2_PARAMS_VERSION || p.size != sizeof(MergeParams)) {
+    return fail(cudaErrorInvalidValue, "MergeParams come from another flash_attn2.h: rebuild against this library's header");
+  }
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return fail(cudaErrorInvalidValue, "dtype must be kFloat16 or kBFloat16");
+  if (p.batch < 0 || p.seqlen < 0 || p.heads < 0 || p.head_dim <= 0 || p.head_dim % 4 != 0) {
+    return fail(cudaErrorInvalidValue, "batch, seqlen and heads must be >= 0, head_dim a positive multiple of 4");
+  }
+  if (!p.out || !p.lse || !p.block_out || !p.block_lse) return fail(cudaErrorInvalidValue, "out, lse, block_out and block_lse must be set");
+  const bool strides_ok = p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
+                          p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0;
+  if (!strides_ok || reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || reinterpret_cast<uintptr_t>(p.block_out) % 8 != 0) {
+    return fail(cudaErrorInvalidValue, "out's and block_out's strides must be multiples of 4 elements, out 16-byte and "
+                                       "block_out 8-byte aligned");
+  }
+  if (cudaError_t err = pending_error()) return err;
+  if (cudaError_t err = launch_merge_partial(p, stream)) return fail(err, cudaGetErrorString(err));
+  return cudaSuccess;
+}
+
 cudaError_t run_kv_append(const KvAppendParams& p, cudaStream_t stream) {
   last_error.clear();
   if (p.version != FLASH_ATTN2_PARAMS_VERSION || p.size != sizeof(KvAppendParams)) {

@@ -861,6 +861,42 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd(const Tensor& grad_out, const Tensor
 }
 
 // ---------------------------------------------------------------------------------------------------
+// flash_attn2/distributed/_merge.py's merge_partial in one kernel (run_merge_partial) where the tensors suit it: out
+// (batch, seqlen, heads, d) and lse (batch, heads, seqlen) fp32 on one CUDA device, block_out of out's shape in
+// fp16 / bf16, block_lse fp32 of lse's; d a multiple of 4, unit last strides, the alignments the kernel takes.
+// False (nothing done) otherwise: the caller merges with torch ops.
+bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse) {
+  if (!out.is_cuda() || out.scalar_type() != at::kFloat || lse.scalar_type() != at::kFloat ||
+      block_lse.scalar_type() != at::kFloat ||
+      (block_out.scalar_type() != at::kHalf && block_out.scalar_type() != at::kBFloat16) || out.dim() != 4 ||
+      lse.dim() != 3 || block_out.sizes() != out.sizes() || block_lse.sizes() != lse.sizes() ||
+      lse.size(0) != out.size(0) || lse.size(1) != out.size(2) || lse.size(2) != out.size(1) ||
+      lse.device() != out.device() || block_out.device() != out.device() || block_lse.device() != out.device() ||
+      out.stride(3) != 1 || block_out.stride(3) != 1 || out.size(3) % 4 != 0 ||
+      out.size(0) > INT32_MAX || out.size(1) > INT32_MAX || out.size(2) > INT32_MAX || out.size(3) > INT32_MAX) {
+    return false;
+  }
+  flash_attn2::MergeParams p{};
+  p.dtype = block_out.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
+  p.batch = int(out.size(0)), p.seqlen = int(out.size(1)), p.heads = int(out.size(2)), p.head_dim = int(out.size(3));
+  p.out = out.data_ptr<float>(), p.lse = lse.data_ptr<float>();
+  p.block_out = block_out.data_ptr(), p.block_lse = block_lse.data_ptr<float>();
+  p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
+  p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1), p.lse_row_stride = lse.stride(2);
+  p.block_batch_stride = block_out.stride(0), p.block_row_stride = block_out.stride(1);
+  p.block_head_stride = block_out.stride(2);
+  p.block_lse_batch_stride = block_lse.stride(0), p.block_lse_head_stride = block_lse.stride(1);
+  p.block_lse_row_stride = block_lse.stride(2);
+  const bool aligned_ok = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && reinterpret_cast<uintptr_t>(p.block_out) % 8 == 0 &&
+                          p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
+                          p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0;
+  if (!aligned_ok) return false;
+  const c10::cuda::CUDAGuard guard(out.device());
+  check_launch(flash_attn2::run_merge_partial(p, c10::cuda::getCurrentCUDAStream().stream()), out, "merge");
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Autograd, registered on the ops: one C++ node, so an eager call costs no Python beyond the wrapper's checks.
 
 using torch::autograd::variable_list;
@@ -1073,6 +1109,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sdpa_fwd", &sdpa_fwd, "SDPA's flash forward on (batch, heads, seqlen, head_dim) tensors, in one call");
   m.def("sdpa_bwd", &sdpa_bwd, "SDPA's flash backward on (batch, heads, seqlen, head_dim) tensors, in one call");
   m.def("flash_fwd", &flash_fwd, "aten::_flash_attention_forward's body (varlen_attn), in one call");
+  m.def("merge_partial_", &merge_partial_,
+        "out, lse <- the merge with one more partial result, in one kernel; False (nothing done) where it cannot");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

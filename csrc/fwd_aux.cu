@@ -1,6 +1,7 @@
 // The split-KV forward's kernels around the main one, for any head dim and dtype (plain CUDA, the head dim a
-// runtime value, like bwd_aux.cu): the combine of the splits' partials, and flash_attn_with_kvcache's update
-// (new keys and values into the caches, rotary embedding of keys and queries).
+// runtime value, like bwd_aux.cu): the combine of the splits' partials, flash_attn_with_kvcache's update
+// (new keys and values into the caches, rotary embedding of keys and queries), and the merge of two partial
+// results that context parallelism's ring steps make.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -143,6 +144,43 @@ __global__ void kv_append_kernel(const __grid_constant__ KvAppendParams p) {
              static_cast<const T*>(p.rotary_sin) + pos * p.sin_row_stride, lane, 32);
 }
 
+// One warp per (batch entry, row, head) of a ring step's merge (MergeParams): the two LSEs into the merged one and
+// each side's weight, then out = out w_a + block w_b four columns a lane. The weights sum to 1 (lse' = log(e^a +
+// e^b)), and are 0 for a row neither side has a key for. Every lane reads the row's LSEs before lane 0 writes one.
+template <typename T>
+__global__ void __launch_bounds__(kWarps * 32) merge_partial_kernel(const __grid_constant__ MergeParams p) {
+  const int lane = threadIdx.x % 32;
+  const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (batch, row, head) flattened
+  if (item >= int64_t(p.batch) * p.seqlen * p.heads) return;
+  const int h = int(item % p.heads);
+  const int64_t row_item = item / p.heads;
+  const int s = int(row_item % p.seqlen), b = int(row_item / p.seqlen);
+  float* lse = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + s * p.lse_row_stride;
+  const float l_a = *lse;
+  const float l_b = p.block_lse[b * p.block_lse_batch_stride + h * p.block_lse_head_stride + s * p.block_lse_row_stride];
+  const float m = fmaxf(l_a, l_b);
+  float w_a = 0.f, w_b = 0.f, merged = -INFINITY;
+  if (m != -INFINITY) {
+    const float e_a = expf(l_a - m), e_b = expf(l_b - m), sum = e_a + e_b;
+    w_a = e_a / sum, w_b = e_b / sum, merged = m + logf(sum);
+  }
+  float* out = p.out + b * p.out_batch_stride + s * p.out_row_stride + h * p.out_head_stride;
+  const T* block = static_cast<const T*>(p.block_out) + b * p.block_batch_stride + s * p.block_row_stride +
+                   h * p.block_head_stride;
+  for (int c = lane * 4; c < p.head_dim; c += 32 * 4) {
+    float4 o = *reinterpret_cast<const float4*>(out + c);
+    const uint2 raw = *reinterpret_cast<const uint2*>(block + c);  // four 16-bit values
+    const T* x = reinterpret_cast<const T*>(&raw);
+    o.x = o.x * w_a + to_float(x[0]) * w_b;
+    o.y = o.y * w_a + to_float(x[1]) * w_b;
+    o.z = o.z * w_a + to_float(x[2]) * w_b;
+    o.w = o.w * w_a + to_float(x[3]) * w_b;
+    *reinterpret_cast<float4*>(out + c) = o;
+  }
+  __syncwarp();
+  if (lane == 0) *lse = merged;
+}
+
 }  // namespace
 
 cudaError_t launch_fwd_combine(const FwdParams& p, int splits, cudaStream_t stream) {
@@ -152,6 +190,18 @@ cudaError_t launch_fwd_combine(const FwdParams& p, int splits, cudaStream_t stre
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
   return launch_after(p.dtype == DType::kFloat16 ? &fwd_combine_kernel<__half> : &fwd_combine_kernel<__nv_bfloat16>,
                       dim3(unsigned(blocks)), dim3(kWarps * 32), 0, stream, p, splits);
+}
+
+cudaError_t launch_merge_partial(const MergeParams& p, cudaStream_t stream) {
+  const int64_t blocks = (int64_t(p.batch) * p.seqlen * p.heads + kWarps - 1) / kWarps;
+  if (blocks == 0) return cudaSuccess;
+  if (blocks > INT_MAX) return cudaErrorInvalidValue;
+  if (p.dtype == DType::kFloat16) {
+    merge_partial_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
+  } else {
+    merge_partial_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
 }
 
 cudaError_t launch_kv_append(const KvAppendParams& p, cudaStream_t stream) {

@@ -166,6 +166,52 @@ def test_merge_in_place_on_views_and_low_precision_blocks():
     torch.testing.assert_close(lse[:, :, 4:], l_ref, rtol=0, atol=0)
 
 
+def _merge_torch(out, lse, bout, blse):
+    """merge_partial's torch path, on copies (the reference for the kernel)."""
+    out, lse = out.clone(), lse.clone()
+    blse = blse.to(lse.dtype)
+    new = torch.logaddexp(lse, blse)
+    shift = new.masked_fill(new == -math.inf, 0.0)
+    a = (lse - shift).exp().transpose(1, 2).unsqueeze(-1)
+    b = (blse - shift).exp().transpose(1, 2).unsqueeze(-1)
+    return out * a + bout.to(out.dtype) * b, new
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim,view", [(128, False), (64, True), (200, True), (62, False)])
+def test_merge_kernel_matches_torch(dtype, head_dim, view):
+    """On CUDA merge_partial runs one kernel (csrc/fwd_aux.cu: merge_partial_kernel) where the tensors suit it (fp32
+    out / lse, an fp16 / bf16 block, head dim a multiple of 4; 62 takes the torch path): the same out and lse as the
+    torch path within fp32 rounding, through row-slice views of a larger out (the ring's zigzag halves), with rows
+    empty on one side, on both, and LSE gaps of +-80."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from flash_attn2 import _ops
+    torch.manual_seed(1)
+    full_out = torch.randn(2, 40, 5, head_dim, device="cuda")
+    full_lse = torch.randn(2, 5, 40, device="cuda") * 3
+    rows = slice(8, 40) if view else slice(0, 40)
+    out, lse = full_out[:, rows], full_lse[:, :, rows]
+    n = out.shape[1]
+    bout = torch.randn(2, n, 5, head_dim, device="cuda").to(dtype)
+    blse = torch.randn(2, 5, n, device="cuda") * 3
+    lse[0, 1, 3] = -math.inf                                  # only the block sees keys
+    blse[1, 2, 0] = -math.inf                                 # only out does
+    lse[1, 0, 5], blse[1, 0, 5] = -math.inf, -math.inf        # neither
+    lse[0, 4, 7], blse[0, 4, 7] = 80.0, -80.0                 # far apart
+    ref_out, ref_lse = _merge_torch(out, lse, bout, blse)
+    untouched = full_out[:, :8].clone() if view else None
+    served = _ops.ext.merge_partial_(out.clone(), lse.clone(), bout, blse)
+    assert served == (head_dim % 4 == 0)
+    merge_partial(out, lse, bout, blse)
+    torch.testing.assert_close(out, ref_out, rtol=2e-6, atol=2e-6)
+    torch.testing.assert_close(lse, ref_lse, rtol=2e-6, atol=2e-6)
+    assert lse[1, 0, 5] == -math.inf and torch.equal(out[1, 5, 0], torch.zeros(head_dim, device="cuda"))
+    if view:
+        assert torch.equal(full_out[:, :8], untouched)
+
+
 @pytest.mark.parametrize("layout,seqlen,world,match", [
     ("zigzag", 10, 4, "divisible by 8"), ("contiguous", 10, 3, "divisible by 3"), ("ring", 8, 2, "layout must be"),
 ])

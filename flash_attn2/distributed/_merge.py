@@ -11,8 +11,12 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     dtype). lse' = logaddexp(lse, block_lse) (-inf with -inf gives -inf, not NaN); out' = out e^(lse - lse') +
     block_out e^(block_lse - lse'), with lse' taken as 0 where it is -inf (both weights then 0).
 
-    Two passes over out (a scale, then a fused multiply-add of the block in its own dtype): the per-row weights are
-    computed on the small lse tensors, never on out-sized temporaries."""
+    On CUDA with fp32 out / lse and an fp16 / bf16 block (a ring step's), one kernel does it in one pass over out
+    and the block (csrc/fwd_aux.cu: merge_partial_kernel). Otherwise torch ops: two passes over out (a scale, then a
+    fused multiply-add of the block in its own dtype), the per-row weights computed on the small lse tensors, never
+    on out-sized temporaries."""
+    if out.is_cuda and _merge_kernel(out, lse, block_out, block_lse):
+        return
     block_lse = block_lse.to(lse.dtype)
     new = torch.logaddexp(lse, block_lse)
     shift = new.masked_fill(new == float("-inf"), 0.0)
@@ -20,3 +24,10 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     b = (block_lse - shift).exp_().transpose(1, 2).unsqueeze(-1)
     out.mul_(a).addcmul_(block_out, b)
     lse.copy_(new)
+
+
+def _merge_kernel(out, lse, block_out, block_lse) -> bool:
+    """The extension's one-kernel merge, where the tensors suit it (False: nothing done)."""
+    from .. import _ops
+
+    return _ops.ext.merge_partial_(out, lse, block_out, block_lse)

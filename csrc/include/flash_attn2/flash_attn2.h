@@ -255,6 +255,31 @@ struct KvAppendParams {
 // Enqueues the update (one kernel). Errors as for run_fwd.
 cudaError_t run_kv_append(const KvAppendParams& params, cudaStream_t stream);
 
+// ---- Merging two partial results over disjoint key sets (context parallelism's ring steps) ----
+// out, lse <- the attention over both key sets, in place: lse' = log(e^lse + e^block_lse) (-inf where both are),
+// out' = out e^(lse - lse') + block_out e^(block_lse - lse') (0 where lse' is -inf). out (batch, seqlen, heads,
+// head_dim) fp32 and lse (batch, heads, seqlen) fp32; block_out of out's shape in dtype, block_lse fp32 of lse's.
+// Strides in elements; out's and block_out's head_dim unit-strided, every other out stride a multiple of 4 and
+// block_out's of 4, out 16-byte and block_out 8-byte aligned, head_dim a multiple of 4 (one float4 a lane).
+struct MergeParams {
+  uint32_t version = FLASH_ATTN2_PARAMS_VERSION;
+  uint32_t size = sizeof(MergeParams);
+  DType dtype;  // block_out's
+  int batch = 0, seqlen = 0, heads = 0, head_dim = 0;
+  float* out = nullptr;
+  float* lse = nullptr;
+  const void* block_out = nullptr;
+  const float* block_lse = nullptr;
+  int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
+  int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
+  int64_t block_batch_stride = 0, block_row_stride = 0, block_head_stride = 0;
+  int64_t block_lse_batch_stride = 0, block_lse_head_stride = 0, block_lse_row_stride = 0;
+};
+
+// Enqueues the merge (one kernel, one warp per (batch, row, head), one pass over out and block_out). Errors as
+// for run_fwd.
+cudaError_t run_merge_partial(const MergeParams& params, cudaStream_t stream);
+
 // Enqueues the forward pass on stream. Returns cudaErrorNotSupported when no kernel was compiled for
 // (head_dim, dtype) or for the forward path FLASH_ATTN2_BACKEND insists on, cudaErrorInvalidValue for
 // params that are inconsistent or from another header version (or a bad FLASH_ATTN2_BACKEND), else the

@@ -63,6 +63,7 @@ cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cu
 cudaError_t launch_fwd_combine(const FwdParams& params, int splits, cudaStream_t stream);
 // fwd_aux.cu: flash_attn_with_kvcache's update (flash_attn2.h: KvAppendParams).
 cudaError_t launch_kv_append(const KvAppendParams& params, cudaStream_t stream);
+cudaError_t launch_merge_partial(const MergeParams& params, cudaStream_t stream);
 
 // bwd_aux.cu: the backward's kernels around the main one, for any head dim and dtype.
 // D = rowsum(dout o out) and LSE * log2(e) into softmax_d before the main kernel; also zeroes accum_elems of the
