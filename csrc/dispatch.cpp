@@ -477,6 +477,7 @@ cudaError_t run_merge_partial(const MergeParams& p, cudaStream_t stream) {
   if (p.batch < 0 || p.seqlen < 0 || p.heads < 0 || p.head_dim <= 0 || p.head_dim % 4 != 0) {
     return fail(cudaErrorInvalidValue, "batch, seqlen and heads must be >= 0, head_dim a positive multiple of 4");
   }
+  if (int64_t(p.batch) * p.seqlen * p.heads == 0) return cudaSuccess;  // no row: the pointers may be null
   if (!p.out || !p.lse || !p.block_out || !p.block_lse) return fail(cudaErrorInvalidValue, "out, lse, block_out and block_lse must be set");
   const bool strides_ok = p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
                           p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0;

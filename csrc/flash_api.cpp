@@ -866,7 +866,14 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd(const Tensor& grad_out, const Tensor
 // fp16 / bf16, block_lse fp32 of lse's; d a multiple of 4, unit last strides, the alignments the kernel takes.
 // False (nothing done) otherwise: the caller merges with torch ops.
 bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse) {
-  if (!out.is_cuda() || out.scalar_type() != at::kFloat || lse.scalar_type() != at::kFloat ||
+  // A stride of 0 over more than one element would have warps write one row at once (the torch ops refuse it).
+  auto no_overlap = [](const Tensor& t) {
+    for (int64_t i = 0; i < t.dim(); ++i) {
+      if (t.size(i) > 1 && t.stride(i) == 0) return false;
+    }
+    return true;
+  };
+  if (!out.is_cuda() || !no_overlap(out) || !no_overlap(lse) || out.scalar_type() != at::kFloat || lse.scalar_type() != at::kFloat ||
       block_lse.scalar_type() != at::kFloat ||
       (block_out.scalar_type() != at::kHalf && block_out.scalar_type() != at::kBFloat16) || out.dim() != 4 ||
       lse.dim() != 3 || block_out.sizes() != out.sizes() || block_lse.sizes() != lse.sizes() ||
@@ -876,6 +883,7 @@ bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Ten
       out.size(0) > INT32_MAX || out.size(1) > INT32_MAX || out.size(2) > INT32_MAX || out.size(3) > INT32_MAX) {
     return false;
   }
+  if (out.numel() == 0) return true;  // nothing to merge (an empty block's tensors may have no memory at all)
   flash_attn2::MergeParams p{};
   p.dtype = block_out.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
   p.batch = int(out.size(0)), p.seqlen = int(out.size(1)), p.heads = int(out.size(2)), p.head_dim = int(out.size(3));

@@ -158,9 +158,11 @@ __global__ void __launch_bounds__(kWarps * 32) merge_partial_kernel(const __grid
   float* lse = p.lse + b * p.lse_batch_stride + h * p.lse_head_stride + s * p.lse_row_stride;
   const float l_a = *lse;
   const float l_b = p.block_lse[b * p.block_lse_batch_stride + h * p.block_lse_head_stride + s * p.block_lse_row_stride];
-  const float m = fmaxf(l_a, l_b);
+  const float m = fmaxf(l_a, l_b);  // fmaxf drops a NaN: checked below, so that one propagates as the torch ops do
   float w_a = 0.f, w_b = 0.f, merged = -INFINITY;
-  if (m != -INFINITY) {
+  if (isnan(l_a) || isnan(l_b)) {
+    w_a = w_b = merged = NAN;
+  } else if (m != -INFINITY) {
     const float e_a = expf(l_a - m), e_b = expf(l_b - m), sum = e_a + e_b;
     w_a = e_a / sum, w_b = e_b / sum, merged = m + logf(sum);
   }

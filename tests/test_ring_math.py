@@ -210,6 +210,12 @@ def test_merge_kernel_matches_torch(dtype, head_dim, view):
     assert lse[1, 0, 5] == -math.inf and torch.equal(out[1, 5, 0], torch.zeros(head_dim, device="cuda"))
     if view:
         assert torch.equal(full_out[:, :8], untouched)
+    # An empty block (a causal stripe ring's first step with one token a rank) is nothing to merge, and a NaN LSE
+    # propagates as the torch ops propagate it.
+    merge_partial(out[:, :0], lse[:, :, :0], bout[:, :0], blse[:, :, :0])
+    lse[0, 0, 0], blse[0, 0, 0] = math.nan, -math.inf
+    merge_partial(out, lse, bout, blse)
+    assert math.isnan(lse[0, 0, 0]) and torch.isnan(out[0, 0, 0]).all()
 
 
 @pytest.mark.parametrize("layout,seqlen,world,match", [

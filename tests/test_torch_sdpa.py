@@ -111,8 +111,12 @@ def test_sdpa_layouts_in_place_or_copied(active, layout):
     else:
         q, k, v = _inputs(2, 4, 4, 129, 129, d)
     dout = torch.randn(2, 4, 129, d, device="cuda", dtype=torch.bfloat16)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.cuda.synchronize()
+    copies = [e.key for e in prof.key_averages() if "copy" in e.key.lower()]
+    assert bool(copies) == (layout == "offset_base"), copies  # in place where the kernels can read the tensors
     grads = torch.autograd.grad(out, (q, k, v), dout)
     assert out.shape == q.shape and out.stride() == torch.empty_like(q).stride()
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))

@@ -15,7 +15,8 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     and the block (csrc/fwd_aux.cu: merge_partial_kernel). Otherwise torch ops: two passes over out (a scale, then a
     fused multiply-add of the block in its own dtype), the per-row weights computed on the small lse tensors, never
     on out-sized temporaries."""
-    if out.is_cuda and _merge_kernel(out, lse, block_out, block_lse):
+    if _kernel_serves(out, lse, block_out, block_lse) and _merge_kernel(out, lse, block_out, block_lse):
+        torch.autograd.graph.increment_version((out, lse))  # written through raw pointers: autograd must know
         return
     block_lse = block_lse.to(lse.dtype)
     new = torch.logaddexp(lse, block_lse)
@@ -24,6 +25,16 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     b = (block_lse - shift).exp_().transpose(1, 2).unsqueeze(-1)
     out.mul_(a).addcmul_(block_out, b)
     lse.copy_(new)
+
+
+def _kernel_serves(*tensors) -> bool:
+    """The kernel takes plain CUDA tensors outside tracing and outside autograd's view (the ring calls it inside its
+    op, no gradient recorded); fake tensors, compile, export and differentiable calls keep the torch ops."""
+    if not tensors[0].is_cuda or torch.compiler.is_compiling():
+        return False
+    if any(type(t) is not torch.Tensor for t in tensors):
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def _merge_kernel(out, lse, block_out, block_lse) -> bool:
