@@ -163,7 +163,8 @@ void check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const OptTe
 bool aligned(const Tensor& t) {
   if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
   for (int64_t i = 0; i + 1 < t.dim(); ++i) {
-    if ((t.stride(i) % 8 != 0 || t.stride(i) == 0) && (t.size(i) > 1 || i == t.dim() - 3)) return false;
+    if (t.stride(i) % 8 != 0) return false;  // run_fwd / run_bwd check every stride, a dim of one's too
+    if (t.stride(i) == 0 && (t.size(i) > 1 || i == t.dim() - 3)) return false;
   }
   return true;
 }
@@ -177,13 +178,15 @@ Tensor kernel_ready(const Tensor& t) {
 }
 
 // A gradient's memory: its input's strides where the kernels can write them (a dense tensor whose head dim is
-// innermost and a multiple of 8, so every stride of a dim above one is a multiple of 8 too, and whose rows'
-// stride, which TMA takes even for a single row, is a nonzero multiple of 8: aligned()), else contiguous.
+// innermost and a multiple of 8, so every stride of a dim above one is a multiple of 8 too, with the dims of one's
+// strides multiples of 8 as well, and whose rows' stride, which TMA takes even for a single row, is nonzero:
+// aligned()), else contiguous.
 // Models hand over q and k as transposed (batch, heads, seqlen) views; contiguous gradients would make the
 // elementwise ops behind them (RoPE's backward) strided. flash_attn2/_ops.py's fake says the same.
 Tensor grad_like(const Tensor& t) {
-  const bool rows_ok = t.dim() >= 3 && t.stride(-3) != 0 && t.stride(-3) % 8 == 0;
-  if (t.size(-1) % 8 == 0 && t.stride(-1) == 1 && rows_ok && t.is_non_overlapping_and_dense()) {
+  bool strides_ok = t.dim() >= 3 && t.stride(-3) != 0;  // (a dim of one may carry any stride in a dense tensor)
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) strides_ok = strides_ok && t.stride(i) % 8 == 0;
+  if (t.size(-1) % 8 == 0 && t.stride(-1) == 1 && strides_ok && t.is_non_overlapping_and_dense()) {
     return at::empty_strided(t.sizes(), t.strides(), t.options());
   }
   std::vector<int64_t> sizes = t.sizes().vec();

@@ -35,8 +35,8 @@ def lse_shape(q: torch.Tensor, varlen: bool) -> tuple:
 
 def _grad_like(t: torch.Tensor) -> torch.Tensor:
     """csrc/flash_api.cpp's grad_like."""
-    rows_ok = t.dim() >= 3 and t.stride(-3) != 0 and t.stride(-3) % 8 == 0
-    if t.shape[-1] % 8 == 0 and t.stride(-1) == 1 and rows_ok and is_non_overlapping_and_dense_or_false(t):
+    strides_ok = t.dim() >= 3 and t.stride(-3) != 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    if t.shape[-1] % 8 == 0 and t.stride(-1) == 1 and strides_ok and is_non_overlapping_and_dense_or_false(t):
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
     return _empty_like(t)
 

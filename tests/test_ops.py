@@ -49,6 +49,29 @@ def test_fake_outputs_match_the_op_contract(head_dim):
         assert out.shape == qv.shape and lse.shape == (8, 300)
 
 
+def test_fake_gradients_of_a_dim_of_one_with_an_odd_stride():
+    """A dense input whose dim of one carries a stride that is not a multiple of 8 (legal: it is never stepped
+    along) gets contiguous gradients, as csrc/flash_api.cpp's grad_like gives them (run_bwd checks every stride)."""
+    with FakeTensorMode():
+        q = torch.empty(64 * 4 * 64, device="cuda", dtype=BF16).as_strided((1, 64, 4, 64), (3, 256, 64, 1))
+        out, lse, _ = _ops.fwd(q, q, q, None, None, 64, 64, 0.1, True, -1, -1, 0.0, None, False)
+        dq = _ops.bwd(out, q, q, q, out, lse, None, None, 64, 64, 0.1, True, -1, -1, 0.0, None, False)[0]
+        assert dq.shape == q.shape and dq.is_contiguous()
+
+
+@gpu
+def test_dim_of_one_with_an_odd_stride_runs():
+    """The same input on the GPU: copied for the kernels (aligned() wants every stride a multiple of 8, as run_fwd
+    checks), where it used to raise "batch strides must be multiples of 8 elements"; gradients as the fake says."""
+    require_kernel(64, BF16)
+    q, k, v = (torch.randn(64 * 4 * 64, device="cuda", dtype=BF16).as_strided((1, 64, 4, 64), (3, 256, 64, 1))
+               .requires_grad_() for _ in range(3))
+    out = flash_attn2.flash_attn_func(q, k, v, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    ref = flash_attn2.flash_attn_func(*(t.detach().contiguous() for t in (q, k, v)), causal=True)
+    assert torch.equal(out, ref) and dq.is_contiguous() and dq.shape == q.shape
+
+
 def test_kvcache_fake_outputs():
     """flash_attn2::fwd_kvcache's fake: out in q's shape, lse (batch, nheads, seqlen_q), or (nheads, total_q) for
     varlen q against a paged cache; its checks run at trace time (a bad block table raises)."""
