@@ -1045,11 +1045,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_autograd(
 // page_size 0: a contiguous cache.
 int64_t kvcache_num_splits(int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads, int64_t heads_k,
                            int64_t head_dim, bool bf16, bool alibi, int64_t num_splits, int64_t page_size,
-                           bool leftpad) {
+                           bool leftpad, bool varlen) {
   TORCH_CHECK(batch > 0 && seqlen_q >= 0 && seqlen_k >= 0 && heads > 0 && heads_k > 0 && heads % heads_k == 0 &&
                   head_dim > 0 && head_dim <= 256 && num_splits >= 0 && num_splits <= flash_attn2::kMaxKvSplits &&
                   page_size >= 0 && page_size <= flash_attn2::kMaxSeqlen,
               "flash_attn2: get_scheduler_metadata: inconsistent shapes");
+  // Varlen q past the split kernel's 64-row tile: the kernel depends on the batch's mean rows a sequence
+  // (dispatch.cpp: hopper_serves_kv_cache), which these shapes do not carry. 0: the call chooses (metadata_splits).
+  constexpr int64_t kSplitTileRows = 64;  // dispatch.cpp's kFwdSplitBlockM
+  if (varlen && seqlen_q > kSplitTileRows && num_splits == 0) return 0;
   static const int kAnyLength = 0;  // only its addresses: mark the call's kv-cache fields, never read here
   static const int kAnyPage = 0;
   static const float kAnySlope = 0.f;

@@ -195,7 +195,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     """FA3's get_scheduler_metadata: the split plan of a kv-cache / paged call, computed once per step and passed as
     scheduler_metadata=. flash_attn2's plan is a function of the shapes alone (never of the lengths on the device), so
     a captured graph keeps it anyway; this returns it as a (1,) int32 CPU tensor, the split count, which a call reads
-    without touching the device. max_seqlen_k: the cache's capacity (paged: max_pages * page_size)."""
+    without touching the device (0 where the call must choose: varlen q of more than 64 rows, whose kernel depends
+    on the batch's total rows). max_seqlen_k: the cache's capacity (paged: max_pages * page_size)."""
     if headdim_v is not None and headdim_v != headdim:
         raise NotImplementedError("flash_attn2: headdim_v != headdim is not supported yet")
     if attention_chunk:
@@ -207,7 +208,7 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     splits = _ops.ext.kvcache_num_splits(int(batch_size), int(max_seqlen_q), int(max_seqlen_k) + int(max_seqlen_k_new),
                                          int(num_heads_q), int(num_heads_kv), int(headdim),
                                          qkv_dtype == torch.bfloat16, False, int(num_splits), int(page_size or 0),
-                                         cache_leftpad is not None)
+                                         cache_leftpad is not None, cu_seqlens_q is not None)
     return torch.tensor([splits], dtype=torch.int32)
 
 

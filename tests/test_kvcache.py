@@ -549,6 +549,10 @@ def test_scheduler_metadata_follows_the_kernel():
     split = flash_attn2.get_scheduler_metadata(page_size=8, **args)
     assert int(hopper[0]) == (1 if hopper_serves(16) else int(split[0]))
     assert int(split[0]) > 1  # 80 rows x 4 heads a kv head: 5 tiles x 8 kv heads, far from filling the GPU
+    # Varlen q of more than 64 rows: the kernel depends on the batch's total rows, which the metadata does not see:
+    # 0, the call chooses (as it does without metadata).
+    cu = torch.tensor([0, 80], dtype=torch.int32, device="cuda")
+    assert int(flash_attn2.get_scheduler_metadata(page_size=16, cu_seqlens_q=cu, **args)[0]) == 0
 
 
 @gpu

@@ -28,7 +28,7 @@ for batch, ctx in cells:
     for splits in SPLITS:
         times[splits] = time_us(lambda i, s=splits: flash_attn_with_kvcache(q, *caches[i], cache_seqlens=seqlens,
                                                                             causal=True, num_splits=s), copies, True)
-    chosen = _ops.ext.kvcache_num_splits(batch, 1, ctx, heads, heads_k, d, True, False, 0, 0, False)
+    chosen = _ops.ext.kvcache_num_splits(batch, 1, ctx, heads, heads_k, d, True, False, 0, 0, False, False)
     best = min(SPLITS[1:], key=times.get)
     print(f"{batch} x {ctx} | {times[0]:.1f} ({chosen}) | " + " | ".join(f"{times[s]:.1f}" for s in SPLITS[1:]) +
           f" | {best}: {times[best]:.1f}", flush=True)
