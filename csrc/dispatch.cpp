@@ -234,11 +234,6 @@ BwdLauncher pick_bwd(const Kernels& k, const BwdParams& p, const std::string& ba
   return nullptr;
 }
 
-// Whether p carries a KV cache's fields (flash_attn2.h).
-bool has_kv_cache(const FwdParams& p) {
-  return p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
-}
-
 // Why p cannot be run, or "" when it can.
 std::string fwd_params_problem(const FwdParams& p) {
   if (p.version != FLASH_ATTN2_PARAMS_VERSION || p.size != sizeof(FwdParams)) {
@@ -326,14 +321,12 @@ bool hopper_serves_kv_cache(const FwdParams& p) {
   if (p.cu_seqlens_q != nullptr && p.total_q <= int64_t(kFwdSplitBlockM) * p.batch) return false;
   if (p.page_table != nullptr && (p.page_size % kPagedRowsSm90 != 0 || p.leftpad_k != nullptr)) return false;
   // TMA takes no zero stride over an extent above one (an expanded cache; the torch layer copies those).
+  // (Varlen q reaches here with a page table only: fwd_params_problem refuses its other kv-cache fields.)
   const bool many_kv_entries = p.page_table != nullptr ? p.num_pages > 1
                                : p.kv_batch_idx != nullptr ? p.kv_batch > 1 : p.batch > 1;
-  for (int64_t stride : {p.k_row_stride, p.v_row_stride}) {
-    if (stride == 0) return false;
-  }
+  if (p.k_row_stride == 0 || p.v_row_stride == 0) return false;
   if (p.num_heads_k > 1 && (p.k_head_stride == 0 || p.v_head_stride == 0)) return false;
-  if (many_kv_entries && p.cu_seqlens_q == nullptr && (p.k_batch_stride == 0 || p.v_batch_stride == 0)) return false;
-  if (p.page_table != nullptr && p.num_pages > 1 && (p.k_batch_stride == 0 || p.v_batch_stride == 0)) return false;
+  if (many_kv_entries && (p.k_batch_stride == 0 || p.v_batch_stride == 0)) return false;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0 || kernels(bucket, p.dtype).fwd_sm90 == nullptr || !device_is_sm90()) return false;
   std::string backend;

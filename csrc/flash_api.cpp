@@ -792,9 +792,9 @@ std::tuple<Tensor, Tensor> fwd_into(const Tensor& q, const Tensor& k, const Tens
                                     const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, int64_t max_seqlen_q,
                                     int64_t max_seqlen_k, double dropout_p, bool causal, double softmax_scale,
                                     int64_t window_left, int64_t window_right, const OptTensor& alibi_slopes) {
-  check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);
-  check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
   if (q.size(-1) % 8 == 0 && v.size(-1) == q.size(-1) && aligned(q) && aligned(k) && aligned(v) && aligned(out)) {
+    check_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k);  // (the op below checks them itself)
+    check_alibi_slopes(alibi_slopes, q, cu_seqlens_q);
     Tensor lse = at::empty(cu_seqlens_q ? at::IntArrayRef{q.size(1), q.size(0)}
                                         : at::IntArrayRef{q.size(0), q.size(2), q.size(1)},
                            q.options().dtype(at::kFloat));

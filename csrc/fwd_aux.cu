@@ -194,30 +194,27 @@ cudaError_t launch_fwd_combine(const FwdParams& p, int splits, cudaStream_t stre
                       dim3(unsigned(blocks)), dim3(kWarps * 32), 0, stream, p, splits);
 }
 
-cudaError_t launch_merge_partial(const MergeParams& p, cudaStream_t stream) {
-  const int64_t blocks = (int64_t(p.batch) * p.seqlen * p.heads + kWarps - 1) / kWarps;
+// A kernel of one warp per item, kWarps items a block, in the dtype's instantiation.
+template <class Params>
+cudaError_t launch_warp_items(void (*half)(Params), void (*bf16)(Params), DType dtype, int64_t items,
+                              cudaStream_t stream, const Params& p) {
+  const int64_t blocks = (items + kWarps - 1) / kWarps;
   if (blocks == 0) return cudaSuccess;
   if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (p.dtype == DType::kFloat16) {
-    merge_partial_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
-  } else {
-    merge_partial_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
-  }
+  (dtype == DType::kFloat16 ? half : bf16)<<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+cudaError_t launch_merge_partial(const MergeParams& p, cudaStream_t stream) {
+  return launch_warp_items(&merge_partial_kernel<__half>, &merge_partial_kernel<__nv_bfloat16>, p.dtype,
+                           int64_t(p.batch) * p.seqlen * p.heads, stream, p);
 }
 
 cudaError_t launch_kv_append(const KvAppendParams& p, cudaStream_t stream) {
   const int64_t kv_rows = p.k_new != nullptr ? int64_t(p.batch) * p.seqlen_new * p.num_heads_k : 0;
   const int64_t q_rows = p.q != nullptr ? int64_t(p.batch) * p.seqlen_q * p.num_heads : 0;
-  const int64_t blocks = (kv_rows + q_rows + kWarps - 1) / kWarps;
-  if (blocks == 0) return cudaSuccess;
-  if (blocks > INT_MAX) return cudaErrorInvalidValue;
-  if (p.dtype == DType::kFloat16) {
-    kv_append_kernel<__half><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
-  } else {
-    kv_append_kernel<__nv_bfloat16><<<unsigned(blocks), kWarps * 32, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return launch_warp_items(&kv_append_kernel<__half>, &kv_append_kernel<__nv_bfloat16>, p.dtype, kv_rows + q_rows,
+                           stream, p);
 }
 
 }  // namespace flash_attn2

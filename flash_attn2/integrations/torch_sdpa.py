@@ -30,7 +30,6 @@ import warnings
 import torch
 from torch.library import Library
 
-from .._checks import check_alibi_slopes
 
 NAME = "flash_attn2"
 logger = logging.getLogger(__name__)
@@ -140,7 +139,6 @@ def _register() -> _Handle:
                 keyset, query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
                 return_debug_mask, scale=scale, window_size_left=window_size_left,
                 window_size_right=window_size_right, seqused_k=seqused_k, alibi_slopes=alibi_slopes)
-        check_alibi_slopes(alibi_slopes, query, cum_seq_q)  # Python's errors, as the direct API gives
         # One C++ call (csrc/flash_api.cpp: flash_fwd): out in query's strides (the meta function's), lse, SDPA's
         # philox outputs, the empty debug mask.
         varlen = cum_seq_q is not None and cum_seq_q.numel() > 0

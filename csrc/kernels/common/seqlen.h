@@ -67,6 +67,11 @@ struct UncoveredRows {
   }
 };
 
+// Whether a call carries a KV cache's fields (flash_attn2.h): seqused_k, leftpad_k, kv_batch_idx, page_table.
+__host__ __device__ inline bool has_kv_cache(const FwdParams& p) {
+  return p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
+}
+
 // The key rows batch entry b reads from a KV cache (FwdParams' kv-cache fields, fixed-length q; each device value
 // clamped as flash_attn2.h says): the k / v batch entry (kv_batch_idx), the first row (leftpad_k) and how many.
 struct CacheRows {
@@ -124,8 +129,7 @@ struct SeqlenInfo {
   // here); a contiguous cache's from row start_k (leftpad_k) of k / v batch entry kv_batch_entry(p, b).
   struct WithCache {};
   __device__ SeqlenInfo(const FwdParams& p, int bidb, WithCache) : SeqlenInfo(p, bidb) {
-    const bool cache = p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
-    if (!cache) return;
+    if (!has_kv_cache(p)) return;
     if (p.page_table != nullptr) {
       varlen_k = false, start_k = 0;
       len_k = varlen_q ? paged_varlen_keys(p, bidb) : cache_rows(p, bidb).len;

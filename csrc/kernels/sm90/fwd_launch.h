@@ -65,9 +65,7 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
   // Traits::kPersistentCausalMax (kPersistentCausalMaxStatic without a tile counter).
   const int causal_max = p.tile_counter != nullptr ? Traits::kPersistentCausalMax : Traits::kPersistentCausalMaxStatic;
   // KV-cache calls too (the consumers' V-tail barrier counts differ from tile to tile: fwd_mainloop.h).
-  const bool kv_cache =
-      p.seqused_k != nullptr || p.leftpad_k != nullptr || p.kv_batch_idx != nullptr || p.page_table != nullptr;
-  const bool persistent = !varlen && !kv_cache && !(p.causal && p.seqlen_q > causal_max);
+  const bool persistent = !varlen && !has_kv_cache(p) && !(p.causal && p.seqlen_q > causal_max);
   int grid = int(num_blocks);
   if (persistent) grid = num_blocks < plan.device.num_sms ? int(num_blocks) : plan.device.num_sms;
   args.causal_order = persistent && p.causal && grid < num_blocks;
