@@ -556,6 +556,22 @@ def test_scheduler_metadata_follows_the_kernel():
 
 
 @gpu
+def test_paged_decode_plans_two_blocks_per_sm():
+    """A paged cache's split plan counts two blocks per SM where a contiguous one counts one (heuristics.h: a
+    paged block waits on its page-table reads; TUNING 140): 8 sequences of 32k at 32 / 8 heads are 64 tiles, 2
+    splits a wave contiguous, 4 paged on a GPU of 128-255 SMs."""
+    require_kernel(128, torch.bfloat16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not 128 <= sms < 256:
+        pytest.skip(f"the expected counts are for 128-255 SMs ({sms} here)")
+    args = dict(batch_size=8, max_seqlen_q=1, max_seqlen_k=32768, num_heads_q=32, num_heads_kv=8, headdim=128,
+                cache_seqlens=torch.zeros(8, dtype=torch.int32, device="cuda"))
+    contiguous = int(flash_attn2.get_scheduler_metadata(**args)[0])
+    paged = int(flash_attn2.get_scheduler_metadata(page_size=16, **args)[0])
+    assert (contiguous, paged) == (2, 4), (contiguous, paged)
+
+
+@gpu
 def test_short_query_rows_stay_packed():
     """Few rows per head (speculative verification: 9 tokens at 8:1 GQA, 72 packed rows) stay on the split kernel,
     which packs the group into one tile, even where the Hopper forward could take the call."""
