@@ -152,7 +152,8 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
 // its plan. A paged cache's wave is two blocks per SM (the narrow kernel's occupancy): a block reads each stage's
 // page-table entries before its copies, so one block per SM leaves the loads waiting on the table (H200, h 32 / 8,
 // d 128, page 16, forced splits: 8 x 32k 350 us at 2 splits against 262 at 4, 8 x 4k 53.8 against 44.5, where
-// contiguous caches take 247 / 252 and 40.8 / 42.6: TUNING 140).
+// contiguous caches take 247 / 252 and 40.8 / 42.6: TUNING 140). Where the narrow kernel fits one block per SM
+// (an A100's 164 KB at d 128) that plan is two waves: not measured there.
 inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
   if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
   const int64_t slots = std::max(device.num_sms, 1);
