@@ -62,9 +62,10 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
         flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cos[:21], sin[:21], ints(3, 20, 2**31 - 1, -4),
                                 block_table=table, causal=True, num_splits=splits,
                                 learnable_sink=torch.randn(8, device="cuda"))
-    # Tall query tiles (40 rows x 4 heads per kv head > 64): the Hopper forward on sm_90, with the same hostile
-    # lengths, batch indices, left pads and (pages of 16 and 48) tables; the split kernel elsewhere.
-    q_tall = torch.randn(4, 40, 8, d, **bf16)
+    # Tall query tiles (80 rows per head > 64, dispatch.cpp: hopper_serves_kv_cache): the Hopper forward on sm_90,
+    # with the same hostile lengths, batch indices, left pads and (pages of 16 and 48) tables; the split kernel
+    # elsewhere. (40 rows a head, as here before, ran the split kernel everywhere: a helper's review found it.)
+    q_tall = torch.randn(4, 80, 8, d, **bf16)
     k_new, v_new = torch.randn(4, 5, 2, d, **bf16), torch.randn(4, 5, 2, d, **bf16)
     for seqlens, idx, leftpad in ((ints(0, 10, 75, 76), ints(0, 1, 2, 1), None),
                                   (ints(-5, 76, 2**31 - 1, 40), ints(-1, 2, 99, 0), ints(3, -2, 60, 2**30))):
@@ -76,8 +77,10 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
         table = torch.tensor([[3, -1, -1], [10**6, -5, 8], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
         flash_attn_with_kvcache(q_tall, k_pages, v_pages, k_new, v_new, cache_seqlens=ints(3, 20, 2**31 - 1, -4),
                                 block_table=table, causal=True, learnable_sink=torch.randn(8, device="cuda"))
-        cu_q = ints(0, 40, 40, 100, 160)  # varlen q against the pages (SGLang's call), a 0-row sequence
-        flash_attn_with_kvcache(q_tall.reshape(-1, 8, d)[:160], k_pages, v_pages, cache_seqlens=ints(30, 0, 2**30, -1),
-                                page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=60, causal=True)
+        # varlen q against the pages (SGLang's call), a 0-row sequence; 80 rows a sequence on average and a longest
+        # of 120, past the split kernel's 64 (the Hopper forward's route)
+        cu_q = ints(0, 80, 80, 200, 320)
+        flash_attn_with_kvcache(q_tall.reshape(-1, 8, d), k_pages, v_pages, cache_seqlens=ints(30, 0, 2**30, -1),
+                                page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=120, causal=True)
 torch.cuda.synchronize()
 print("kvcache: ok")
