@@ -224,3 +224,18 @@ def test_merge_kernel_matches_torch(dtype, head_dim, view):
 def test_bad_layouts_raise(layout, seqlen, world, match):
     with pytest.raises(ValueError, match=match):
         ring_tasks(layout, seqlen, world, 0, 0, True)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_shard_index_tensor_is_shard_indices(layout, world):
+    """The ring's shard / unshard helpers build positions with torch ops (shard_index_tensor); the schedule's list
+    form is the definition: both must agree for every rank, and refuse the same bad lengths."""
+    from flash_attn2.distributed._schedule import check_layout, shard_index_tensor
+    seqlen = 2 * world * 6
+    for rank in range(world):
+        assert shard_index_tensor(layout, seqlen, world, rank).tolist() == shard_indices(layout, seqlen, world, rank)
+    with pytest.raises(ValueError, match="divisible"):  # (world 1 divides any length but zigzag's: ask 2 ranks)
+        check_layout(layout, seqlen + 1, max(world, 2))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        shard_index_tensor("spiral", seqlen, world, 0)

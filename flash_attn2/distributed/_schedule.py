@@ -41,6 +41,27 @@ def _check(layout: str, seqlen: int, world: int) -> None:
                          f"({'2 x ' if layout == 'zigzag' else ''}world size {world}), got {seqlen}")
 
 
+def check_layout(layout: str, seqlen: int, world: int) -> None:
+    """Raises ValueError unless `layout` is known and `seqlen` splits into its shards for `world` ranks."""
+    _check(layout, seqlen, world)
+
+
+def shard_index_tensor(layout: str, seqlen: int, world: int, rank: int, device=None):
+    """shard_indices as an int64 tensor, built with torch ops (a Python list of a 1M-token sequence's positions takes
+    tens of milliseconds)."""
+    import torch
+
+    _check(layout, seqlen, world)
+    if layout == "contiguous":
+        n = seqlen // world
+        return torch.arange(rank * n, (rank + 1) * n, device=device)
+    if layout == "zigzag":
+        c = seqlen // (2 * world)
+        return torch.cat([torch.arange(rank * c, (rank + 1) * c, device=device),
+                          torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c, device=device)])
+    return torch.arange(rank, seqlen, world, device=device)
+
+
 def shard_indices(layout: str, seqlen: int, world: int, rank: int) -> list[int]:
     """The global token positions rank `rank` holds, in its local order."""
     _check(layout, seqlen, world)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ._merge import merge_partial
-from ._schedule import CAUSAL, CAUSAL_STRICT, ring_tasks, shard_indices
+from ._schedule import CAUSAL, CAUSAL_STRICT, check_layout, ring_tasks, shard_index_tensor
 
 
 # ---- Block backends: what a task runs. The kernels' (default), or a reference on the CPU (the gloo tests). ----
@@ -231,29 +231,30 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
     acc = torch.promote_types(q.dtype, torch.float32)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
-    # dK / dV of the held block in one flat fp32 buffer (sent as it is), two alternating: the one sent at step s is
-    # done (its exchange waited for) before step s + 2 writes it again.
-    flat = [torch.empty(k.numel() + v.numel(), dtype=acc, device=k.device) for _ in range(min(comm.world, 2))]
     for step, (k_cur, v_cur) in kv.steps():
-        sums = flat[step % 2].zero_()
-        dk, dv = _unpack(sums, (k, v))
+        grads = []  # the step's blocks' dK / dV, added once the sums have arrived (the kernels run meanwhile)
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, keys = _block(task, q, k_cur, v_cur)
             rows = slice(row0, task.q[1])
             bdq, bdk, bdv = backend.backward(dout[:, rows], qb, kb, vb, out[:, rows], lse[:, :, rows], block_causal,
                                              scale, deterministic)
             dq[:, rows] += bdq
+            grads.append((keys, bdk, bdv))
+        # The held block's dK / dV in one flat fp32 buffer, sent on as it is: at step 0 a new one, later the one
+        # that arrived from the previous rank (a fresh receive buffer each hop), added to in place: no zeroing and
+        # no separate pass adding two sums a step (ring-flash-attn adds into the received buffer too).
+        sums = torch.zeros(k.numel() + v.numel(), dtype=acc, device=k.device) if sums_in is None else _wait(sums_in)
+        dk, dv = _unpack(sums, (k, v))
+        for keys, bdk, bdv in grads:
             dk[:, keys[0]:keys[1]] += bdk
             dv[:, keys[0]:keys[1]] += bdv
-        if sums_in is not None:
-            prev_dk, prev_dv = _unpack(_wait(sums_in), (dk, dv))
-            dk += prev_dk
-            dv += prev_dv
-        if comm.world == 1:  # nothing to send: the sums are this rank's own block's already (copies: dk and dv
-            return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)  # share one buffer)
+        if comm.world == 1:  # nothing to send: the sums are this rank's own block's already
+            break
         sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
-    dk, dv = (t.clone() for t in _unpack(_wait(sums_in), (k, v)))  # this rank's own block, from every rank
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    else:
+        dk, dv = _unpack(_wait(sums_in), (k, v))  # this rank's own block, from every rank
+    # Copies even where the dtype is the accumulator's: dk and dv are views of one buffer.
+    return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
 
 # ---- The ring as torch custom ops (fakes, autograd), so that torch.compile traces a model through it without a
@@ -333,7 +334,7 @@ def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, a
     if not dist.is_initialized():
         raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
     world = dist.get_world_size(group)
-    shard_indices(layout, q.shape[1] * world, world, 0)  # the layout's divisibility, before any collective
+    check_layout(layout, q.shape[1] * world, world)  # the layout's divisibility, before any collective
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     group_name = (group if group is not None else dist.group.WORLD).group_name
     name = {KernelBackend: "kernel", ReferenceBackend: "reference", None: "kernel"}[backend]
@@ -365,8 +366,7 @@ def stripe_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fa
 
 
 def _layout_shard(layout, x, rank, world, dim):
-    idx = torch.tensor(shard_indices(layout, x.shape[dim], world, rank), device=x.device)
-    return x.index_select(dim, idx)
+    return x.index_select(dim, shard_index_tensor(layout, x.shape[dim], world, rank, x.device))
 
 
 def zigzag_shard(x, rank, world, dim=1):
@@ -386,6 +386,5 @@ def unshard(parts, layout, dim=1):
     shape[dim] = seqlen
     full = parts[0].new_empty(shape)
     for rank, part in enumerate(parts):
-        idx = torch.tensor(shard_indices(layout, seqlen, world, rank), device=part.device)
-        full.index_copy_(dim, idx, part)
+        full.index_copy_(dim, shard_index_tensor(layout, seqlen, world, rank, part.device), part)
     return full
