@@ -87,10 +87,15 @@ def merge_only(q, k, world, rank, backward, blocks):
     """The forward's merges (and with the backward, its fp32 accumulations of dq, dk, dv and the sums) on stand-in
     block results of the ring's shapes: `blocks` caches them per row count."""
     seqlen = q.shape[1] * world
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device)
-    first = True
     tasks = [(step, task) for step in range(world) for task in ring_tasks("zigzag", seqlen, world, rank, step, True)]
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
+    if ring._writes_every_row(tasks[0][1], q.shape[1]):  # as the ring: no fills where the first block writes every row
+        out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.empty(lse_shape, device=q.device)
+    else:
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        lse = torch.full(lse_shape, float("-inf"), device=q.device)
+    first = True
     for _, task in tasks:
         rows = task.q[1] - task.q[0]
         if rows not in blocks:
@@ -103,11 +108,10 @@ def merge_only(q, k, world, rank, backward, blocks):
         else:
             merge_partial(out[:, task.q[0]:task.q[1]], lse[:, :, task.q[0]:task.q[1]], bout, blse)
         first = False
-    if backward:
+    if backward:  # as the ring's backward: the held block's sums zeroed once, then added to in place each step
         dq = torch.zeros_like(out)
+        dk, dv = torch.zeros(2, *k.shape, dtype=torch.float32, device=k.device).unbind(0)
         for step in range(world):
-            dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-            dv = torch.zeros_like(dk)
             for s, task in tasks:
                 if s != step:
                     continue
@@ -118,9 +122,6 @@ def merge_only(q, k, world, rank, backward, blocks):
                     blocks["k", keys] = torch.randn(k.shape[0], keys, *k.shape[2:], device=k.device, dtype=k.dtype)
                 dk[:, task.k[0]:task.k[1]] += blocks["k", keys]
                 dv[:, task.k[0]:task.k[1]] += blocks["k", keys]
-            if step:
-                dk += dv
-                dv += dk
 
 
 def single_gpu(seqlen, world, backward):
