@@ -228,14 +228,15 @@ def test_bad_layouts_raise(layout, seqlen, world, match):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_shard_index_tensor_is_shard_indices(layout, world):
-    """The ring's shard / unshard helpers build positions with torch ops (shard_index_tensor); the schedule's list
-    form is the definition: both must agree for every rank, and refuse the same bad lengths."""
-    from flash_attn2.distributed._schedule import check_layout, shard_index_tensor
+def test_shard_index_is_shard_indices(layout, world):
+    """The ring's shard / unshard helpers build positions with torch ops from the schedule's ranges (ring.py:
+    _shard_index); shard_indices is the definition: both must agree for every rank, and refuse the same bad lengths."""
+    from flash_attn2.distributed._schedule import check_layout
+    from flash_attn2.distributed.ring import _shard_index
     seqlen = 2 * world * 6
     for rank in range(world):
-        assert shard_index_tensor(layout, seqlen, world, rank).tolist() == shard_indices(layout, seqlen, world, rank)
+        assert _shard_index(layout, seqlen, world, rank, "cpu").tolist() == shard_indices(layout, seqlen, world, rank)
     with pytest.raises(ValueError, match="divisible"):  # (world 1 divides any length but zigzag's: ask 2 ranks)
         check_layout(layout, seqlen + 1, max(world, 2))
     with pytest.raises(ValueError, match="layout must be one of"):
-        shard_index_tensor("spiral", seqlen, world, 0)
+        _shard_index("spiral", seqlen, world, 0, "cpu")

@@ -30,7 +30,8 @@ class Task:
     mask: str           # FULL, CAUSAL or CAUSAL_STRICT
 
 
-def _check(layout: str, seqlen: int, world: int) -> None:
+def check_layout(layout: str, seqlen: int, world: int) -> None:
+    """Raises ValueError unless `layout` is known and `seqlen` splits into its shards for `world` ranks."""
     if layout not in LAYOUTS:
         raise ValueError(f"flash_attn2.distributed: layout must be one of {LAYOUTS}, got {layout!r}")
     if world < 1:
@@ -41,48 +42,30 @@ def _check(layout: str, seqlen: int, world: int) -> None:
                          f"({'2 x ' if layout == 'zigzag' else ''}world size {world}), got {seqlen}")
 
 
-def check_layout(layout: str, seqlen: int, world: int) -> None:
-    """Raises ValueError unless `layout` is known and `seqlen` splits into its shards for `world` ranks."""
-    _check(layout, seqlen, world)
-
-
-def shard_index_tensor(layout: str, seqlen: int, world: int, rank: int, device=None):
-    """shard_indices as an int64 tensor, built with torch ops (a Python list of a 1M-token sequence's positions takes
-    tens of milliseconds)."""
-    import torch
-
-    _check(layout, seqlen, world)
-    if layout == "contiguous":
-        n = seqlen // world
-        return torch.arange(rank * n, (rank + 1) * n, device=device)
-    if layout == "zigzag":
-        c = seqlen // (2 * world)
-        return torch.cat([torch.arange(rank * c, (rank + 1) * c, device=device),
-                          torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c, device=device)])
-    return torch.arange(rank, seqlen, world, device=device)
-
-
-def shard_indices(layout: str, seqlen: int, world: int, rank: int) -> list[int]:
-    """The global token positions rank `rank` holds, in its local order."""
-    _check(layout, seqlen, world)
-    if layout == "contiguous":
-        n = seqlen // world
-        return list(range(rank * n, (rank + 1) * n))
-    if layout == "zigzag":
-        c = seqlen // (2 * world)
-        return list(range(rank * c, (rank + 1) * c)) + list(range((2 * world - 1 - rank) * c, (2 * world - rank) * c))
-    return list(range(rank, seqlen, world))
-
-
 def _chunks(layout: str, rank: int, world: int) -> list[int]:
     """The global chunk indices rank holds, in local order (contiguous and zigzag)."""
     return [rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank]
 
 
+def shard_ranges(layout: str, seqlen: int, world: int, rank: int) -> list[range]:
+    """The global token positions rank `rank` holds, in its local order, as one or two ranges (the ring's shard /
+    unshard helpers turn them into index tensors without listing every position)."""
+    check_layout(layout, seqlen, world)
+    if layout == "stripe":
+        return [range(rank, seqlen, world)]
+    chunk = seqlen // (world if layout == "contiguous" else 2 * world)
+    return [range(c * chunk, (c + 1) * chunk) for c in _chunks(layout, rank, world)]
+
+
+def shard_indices(layout: str, seqlen: int, world: int, rank: int) -> list[int]:
+    """The global token positions rank `rank` holds, in its local order."""
+    return [i for r in shard_ranges(layout, seqlen, world, rank) for i in r]
+
+
 def ring_tasks(layout: str, seqlen: int, world: int, rank: int, step: int, causal: bool) -> list[Task]:
     """The blocks rank computes at ring step `step` (keys from rank (rank - step) mod world), adjacent ones coalesced
     into fewer, larger kernel calls."""
-    _check(layout, seqlen, world)
+    check_layout(layout, seqlen, world)
     src = (rank - step) % world
     local = seqlen // world
     if not causal:
