@@ -149,16 +149,16 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
 // h 32 / h_k 8, d 128, the best counts were 4, 8, 16, 16 at 1k, 4k, 32k, 128k against 16, 32, 29, 29 from FA2's
 // wave rule on two blocks per SM). Of the counts with the same blocks per split, the fewest. From the shapes alone
 // (seqlen_k: a cache's capacity), never from device values, so that it needs no sync and a captured graph keeps
-// its plan. A paged cache's wave is two blocks per SM (the narrow kernel's occupancy): a block reads each stage's
-// page-table entries before its copies, so one block per SM leaves the loads waiting on the table (H200, h 32 / 8,
-// d 128, page 16, forced splits: 8 x 32k 350 us at 2 splits against 262 at 4, 8 x 4k 53.8 against 44.5, where
-// contiguous caches take 247 / 252 and 40.8 / 42.6: TUNING 140). Where the narrow kernel fits one block per SM
-// (an A100's 164 KB at d 128) that plan is two waves: not measured there.
+// its plan. A paged cache's wave, the no-split guard's included, is two blocks per SM (the narrow kernel's
+// occupancy): a block reads each stage's page-table entries before its copies, so one block per SM leaves the loads
+// waiting on the table (H200, h 32 / 8, d 128, page 16, forced splits: 8 x 32k 350 us at 2 splits against 262 at 4,
+// 8 x 4k 53.8 against 44.5, where contiguous caches take 247 / 252 and 40.8 / 42.6: TUNING 140). Where the narrow
+// kernel fits one block per SM (an A100's 164 KB at d 128) that plan is two waves: not measured there.
 inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
   if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
-  const int64_t slots = std::max(device.num_sms, 1);
+  const int64_t slots = (p.page_table != nullptr ? 2 : 1) * int64_t(std::max(device.num_sms, 1));  // a wave's blocks
   if (tiles >= (slots * 4) / 5 || n_blocks <= 4) return 1;
-  const int64_t one_wave = (p.page_table != nullptr ? 2 : 1) * slots / std::max<int64_t>(tiles, 1);
+  const int64_t one_wave = slots / std::max<int64_t>(tiles, 1);
   const int64_t latency_best = std::llround(std::sqrt(double(n_blocks)));
   const int splits = int(std::max<int64_t>(1, std::min<int64_t>({one_wave, latency_best, kMaxKvSplits, n_blocks})));
   const int blocks_per_split = (n_blocks + splits - 1) / splits;

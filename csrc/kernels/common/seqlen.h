@@ -98,6 +98,17 @@ __device__ inline CacheRows cache_rows(const FwdParams& p, int bidb) {
   return {kv_bidb, begin, int(end) - begin};
 }
 
+// A paged cache's logical key row `row` (below the sequence's length: a table's -1 padding past it is never read)
+// through its batch entry's row of the page table: the page, its entry clamped to [0, num_pages) so that a hostile
+// entry reads a page of the cache and nothing outside it, and the row on that page.
+struct PagedRow {
+  int page, row;
+};
+__device__ inline PagedRow paged_row(const FwdParams& p, const int* table_row, int row) {
+  const int entry = table_row[row / p.page_size];
+  return {entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry, row % p.page_size};
+}
+
 // Varlen q against a paged cache: sequence b's key count, seqused_k[b] or else cu_seqlens_k's length, clamped to
 // the table's capacity (seqlen_k).
 __device__ inline int paged_varlen_keys(const FwdParams& p, int bidb) {

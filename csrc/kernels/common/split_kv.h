@@ -96,9 +96,8 @@ struct SplitSeq {
   // Paged: elements from the (head 0) base to logical key row `row` (< len_k) through the table, for a tensor with
   // these page and row strides.
   __device__ int64_t paged_offset(const FwdParams& p, int row, int64_t page_stride, int64_t row_stride) const {
-    const int r = k_row0 + row, entry = pages[r / p.page_size];
-    const int page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
-    return page * page_stride + (r % p.page_size) * row_stride;
+    const PagedRow at = paged_row(p, pages, k_row0 + row);
+    return at.page * page_stride + at.row * row_stride;
   }
 
   // Element offsets of query row i of head h in q and out, and its LSE.

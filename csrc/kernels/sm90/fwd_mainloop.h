@@ -107,15 +107,11 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
       if (box < kTotal) {
         const int rows = box / kAtoms, atom = box % kAtoms;
         const int row = n_block * Traits::kBlockN + rows * kBoxRows;  // logical key row
-        int page = 0, page_row = 0;
-        if (row < seq.len_k) {
-          const int entry = p.page_table[bidb * p.page_table_batch_stride + row / p.page_size];
-          page = entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
-          page_row = row % p.page_size;
-        }
+        const PagedRow at = row < seq.len_k ? paged_row(p, p.page_table + bidb * p.page_table_batch_stride, row)
+                                             : PagedRow{0, 0};
         SM90_TMA_LOAD_4D::copy(desc, &full[state.stage], uint64_t(TMA::CacheHintSm90::EVICT_LAST),
                                stage_base + atom * (Traits::kBlockN * kAtomCols) + rows * (kBoxRows * kAtomCols),
-                               atom * kAtomCols, page_row, bidh_k, page);
+                               atom * kAtomCols, at.row, bidh_k, at.page);
       }
     }
   };
