@@ -104,9 +104,11 @@ __device__ inline CacheRows cache_rows(const FwdParams& p, int bidb) {
 struct PagedRow {
   int page, row;
 };
+__device__ inline int clamp_page(const FwdParams& p, int entry) {
+  return entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
+}
 __device__ inline PagedRow paged_row(const FwdParams& p, const int* table_row, int row) {
-  const int entry = table_row[row / p.page_size];
-  return {entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry, row % p.page_size};
+  return {clamp_page(p, table_row[row / p.page_size]), row % p.page_size};
 }
 
 // Varlen q against a paged cache: sequence b's key count, seqused_k[b] or else cu_seqlens_k's length, clamped to
