@@ -449,12 +449,15 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   const c10::cuda::CUDAGuard guard(q.device());
   set_dropout(p, dropout_p, rng_state, new_seed, q);
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
-  // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER=static
-  // (read on every call, like FLASH_ATTN2_BACKEND: a getenv is cheap next to a launch) keeps the fixed
-  // order, for tests and comparison. SM80 and one-block-per-tile launches leave the counter unused.
+  // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER (read on every
+  // call, like FLASH_ATTN2_BACKEND: a getenv is cheap next to a launch): "static" keeps the fixed order, for
+  // tests and comparison; "dynamic" hands non-causal tiles out as blocks free up too (an experiment for blocks
+  // that start late, behind NCCL's kernels on their SMs: a ring's; TUNING 145). SM80 and one-block-per-tile
+  // launches leave the counter unused.
   Tensor tile_counter;
-  const char* order = std::getenv("FLASH_ATTN2_TILE_ORDER");
-  if (causal && !cu_seqlens_q && !(order != nullptr && std::string(order) == "static")) {
+  const char* order_env = std::getenv("FLASH_ATTN2_TILE_ORDER");
+  const std::string order = order_env != nullptr ? order_env : "";
+  if (!cu_seqlens_q && order != "static" && (causal || order == "dynamic")) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));
     p.tile_counter = tile_counter.data_ptr<int>();
   }

@@ -162,12 +162,13 @@ def test_padding_roundtrip_through_varlen():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("causal,tile_order", [(False, None), (True, None), (True, "static")])
+@pytest.mark.parametrize("causal,tile_order", [(False, None), (True, None), (True, "static"), (False, "dynamic"),
+                                               (True, "dynamic")])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1023, 1023), (1023, 300), (300, 1023)])
 def test_many_tiles_per_block(seqlen_q, seqlen_k, causal, tile_order, head_dim, dtype, monkeypatch):
     """More tiles than SMs, so a persistent grid walks several per block (pipeline phases, the warpgroups'
     turns and the causal order carried from tile to tile), causal tiles handed out as blocks free up or in
-    the fixed order; causal rows that see no key when sk < sq."""
+    the fixed order (non-causal ones too with "dynamic"); causal rows that see no key when sk < sq."""
     if tile_order is not None:
         monkeypatch.setenv("FLASH_ATTN2_TILE_ORDER", tile_order)
     check_dense_forward(3, seqlen_q, seqlen_k, 48, 4, head_dim, causal, dtype)

@@ -170,7 +170,7 @@ struct FwdArgsSm90 {
   typename Traits::TmaO tma_o;  // fixed length only: varlen rows past a sequence belong to the next one
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder<> causal_tiles;
-  int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal_order only); nullptr: static walk
+  int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal, or non-causal by request); nullptr: static
   // A paged cache's K and V (FwdParams::page_table): sm90::make_paged_tma's boxes; unused (zero) otherwise.
   CUtensorMap paged_k, paged_v;
 };
