@@ -2,13 +2,17 @@
 # call of each (after warm-up), per rank, the CUDA kernels' intervals summed by kind (attention forward / backward,
 # NCCL, the rest: merges, casts, copies), the NCCL kernels' time while an attention kernel ran, and the span.
 # The question it answers (TUNING 133): our zigzag ring ran at 0.87-0.94x the peer's speed on 2 H200s although its
-# compute, communication and merges alone add up to about the peer's time.
+# compute, communication and merges alone add up to about the peer's time. Each rank's timeline starts at its own
+# first kernel; a line per call then puts the ranks on one clock (the host's, which Kineto's GPU timestamps use):
+# when each rank's host left the barrier and returned from the call, and its first and last kernels, in ms after
+# the earliest rank left the barrier (a rank that starts late holds the others' NCCL kernels on their SMs).
 #   torchrun --standalone --nproc_per_node=2 benchmarks/dev/ring_profile.py [--seqlens 32768 131072] [--bwd]
 #       [--csv-dir DIR]  (each rank's kernel intervals as CSV)
 import argparse
 import csv
 import os
 import sys
+import time
 
 for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(var, value)
@@ -56,16 +60,23 @@ def overlap(xs, ys):
 
 
 def profile(fn, label, rank, csv_dir):
+    """(the rank's summary line, its clock: host left the barrier, host returned from fn, first kernel start, last
+    kernel end, in us on the host's clock)."""
     torch.cuda.synchronize()
     dist.barrier()
+    torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        host0 = time.time_ns() / 1e3
         fn()
+        host1 = time.time_ns() / 1e3
         torch.cuda.synchronize()
     events = [e for e in prof.events()
               if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.elapsed_us() > 0]
     if not events:
-        return f"{label}: no CUDA events"
+        return f"{label}: no CUDA events", None
     t0 = min(e.time_range.start for e in events)
+    base = prof.profiler.kineto_results.trace_start_ns() / 1e3  # the events' times are relative to this
+    clock = (host0, host1, base + t0, base + max(e.time_range.end for e in events))
     rows = [(kind(e.name), e.name[:90], e.time_range.start - t0, e.time_range.end - t0) for e in events]
     if csv_dir:
         with open(os.path.join(csv_dir, f"{label}_rank{rank}.csv"), "w", newline="") as f:
@@ -87,7 +98,7 @@ def profile(fn, label, rank, csv_dir):
         parts.append(f"first nccl at {first / 1e3:.3f} ms")
     others = sorted(((b - a, n) for k, n, a, b in rows if k == "other"), reverse=True)[:4]
     parts.append("top other: " + ", ".join(f"{n[:40]} {d / 1e3:.3f}" for d, n in others))
-    return "; ".join(parts)
+    return "; ".join(parts), clock
 
 
 def main():
@@ -122,11 +133,19 @@ def main():
                         fn(q, k, v, causal=True)
             for _ in range(3):
                 call()
-            line = profile(call, f"{name}_{seqlen}_{'fwd_bwd' if args.bwd else 'fwd'}", rank, args.csv_dir)
-            lines = [None] * world
+            label = f"{name}_{seqlen}_{'fwd_bwd' if args.bwd else 'fwd'}"
+            line, clock = profile(call, label, rank, args.csv_dir)
+            lines, clocks = [None] * world, [None] * world
             dist.all_gather_object(lines, line)
+            dist.all_gather_object(clocks, clock)
             if rank == 0:
                 print("\n".join(lines), flush=True)
+                if all(c is not None for c in clocks):
+                    zero = min(c[0] for c in clocks)
+                    print(f"{label} one clock (ms after the first rank left the barrier): " + "; ".join(
+                        f"rank {r}: left {(c[0] - zero) / 1e3:.3f} / host done {(c[1] - zero) / 1e3:.3f} / first kernel "
+                        f"{(c[2] - zero) / 1e3:.3f} / last end {(c[3] - zero) / 1e3:.3f}" for r, c in enumerate(clocks)),
+                        flush=True)
         del q, k, v, dout
         torch.cuda.empty_cache()
     dist.destroy_process_group()
