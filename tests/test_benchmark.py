@@ -84,6 +84,22 @@ def test_rounds_rotate_the_order(monkeypatch):
     assert calls == ["a", "b", "b", "a", "a", "b"] and ms == {"a": 2.0, "b": 4.0}
 
 
+def test_short_runs_get_rounds_of_min_round_ms(monkeypatch):
+    # A run estimated at 0.1 ms a call gets 250 reps for 25 ms rounds, a 10 ms one keeps --reps, a near-zero one is
+    # capped at 2000; min_round_ms=0 (the default of the function) times exactly reps.
+    estimates = {"short": 0.1, "long": 10.0, "empty": 0.0}
+    monkeypatch.setattr(grid, "rep_times_ms", lambda run, warmup, reps: [estimates[run()]] * reps)
+    used = {}
+    monkeypatch.setattr(grid, "median_ms", lambda run, reps: used.setdefault(run(), reps) and 1.0)
+    runs = {name: (lambda name=name: name) for name in estimates}
+    grid.time_interleaved(runs, reps=20, rounds=2, min_round_ms=25.0)
+    assert used == {"short": 250, "long": 20, "empty": 2000}
+    used.clear()
+    grid.time_interleaved(runs, reps=20, rounds=1)
+    assert used == {"short": 20, "long": 20, "empty": 20}
+    assert grid.parse_args([]).min_round_ms == 25.0 and grid.parse_args(["--min-round-ms", "0"]).min_round_ms == 0
+
+
 def test_sm80_rows_run_the_whole_pass_on_its_path(monkeypatch):
     """flash_attn2_sm80's run is made (a bwd run's forward) and timed (its backward reads the variable when it
     runs) with FLASH_ATTN2_BACKEND=sm80; the default rows leave it alone."""

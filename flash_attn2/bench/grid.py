@@ -88,19 +88,27 @@ def median_ms(fn, warmup=5, reps=30):
     return statistics.median(rep_times_ms(fn, warmup, reps))
 
 
-def time_interleaved(runs, reps, rounds=3):
+def time_interleaved(runs, reps, rounds=3, min_round_ms=0.0):
     """{name: ms} for {name: run}: every run timed in `rounds` rounds (median_ms of `reps` runs each), the
     order rotated from round to round, keeping each one's median round. The SM clock follows the power
     draw for a second or so after a heavy load: on an H100 after 3 s of matmuls at its 700 W cap, whichever
     implementation ran first measured 15-40% slower than when rested (benchmarks/TUNING.md step 24), so a
-    fixed order would charge one side."""
+    fixed order would charge one side. min_round_ms: a run whose round would be shorter (from a first
+    estimate of 3 calls) gets more reps, up to 2000: 0.1-0.2 ms calls timed in rounds of a few ms spread
+    by up to 2x between runs on an H200 (benchmarks/RESULTS.md, the SDPA grid of the seventh session)."""
     names = list(runs)
+    counts = {name: reps for name in names}
+    if min_round_ms > 0:
+        for name in names:
+            with run_context(runs[name]):
+                est = statistics.median(rep_times_ms(runs[name], warmup=2, reps=3))
+            counts[name] = max(reps, min(2000, math.ceil(min_round_ms / max(est, 1e-3))))
     times = {name: [] for name in names}
     for r in range(rounds):
         shift = r % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
             with run_context(runs[name]):
-                times[name].append(median_ms(runs[name], reps=reps))
+                times[name].append(median_ms(runs[name], reps=counts[name]))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -198,7 +206,7 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
-def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3, log=print):
+def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3, log=print, min_round_ms=0.0):
     gpu = torch.cuda.get_device_name()
     rows = []
     for dtype_name in dtypes:
@@ -222,7 +230,7 @@ def run_grid(dtypes, head_dims, seqlens, causals, impls, passes, reps, rounds=3,
                                 runs.pop(impl, None)
                                 log(f"  {impl} {pass_} skipped at {dtype_name} d={hdim} causal={causal} s={seqlen}: "
                                     f"{str(e).splitlines()[0][:120]}")
-                        for impl, ms in time_interleaved(runs, reps, rounds).items():
+                        for impl, ms in time_interleaved(runs, reps, rounds, min_round_ms).items():
                             tflops = flops(batch, nheads, seqlen, hdim, causal, pass_) / ms / 1e9
                             rows.append(dict(gpu=gpu, impl=impl, dtype=dtype_name, hdim=hdim, causal=causal,
                                              seqlen=seqlen, batch=batch, nheads=nheads, **{"pass": pass_},
@@ -338,6 +346,8 @@ def add_run_args(p, reps):
     p.add_argument("--reps", type=int, default=reps, help="timed runs per implementation, point and round")
     p.add_argument("--rounds", type=int, default=3, help="rounds per point, the implementations' order rotated")
     p.add_argument("--warmup-s", type=float, default=3.0, help="seconds of matmuls before the first timing")
+    p.add_argument("--min-round-ms", type=float, default=25.0,
+                   help="more reps where an implementation's round would be shorter (0: exactly --reps)")
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
 
 
@@ -345,7 +355,7 @@ def main(argv=None):
     args = parse_args(argv)
     warm_up_gpu(args.warmup_s)
     rows = run_grid(args.dtypes, args.hdims, args.seqlens, [c == "true" for c in args.causal], args.impls, args.passes,
-                    args.reps, args.rounds)
+                    args.reps, args.rounds, min_round_ms=args.min_round_ms)
     save(rows, args.out_dir, "", COLUMNS, plot)
     print(summary(rows))
     return rows

@@ -99,7 +99,7 @@ def main(argv=None):
     first_loss = {impl: step().item() for impl, step in steps.items()}  # the same weights: the same loss
     print("first-step loss: " + ", ".join(f"{impl} {loss:.4f}" for impl, loss in first_loss.items()))
     warm_up_gpu(args.warmup_s)
-    times = time_interleaved(steps, reps=args.reps, rounds=args.rounds)
+    times = time_interleaved(steps, reps=args.reps, rounds=args.rounds, min_round_ms=args.min_round_ms)
     gpu = torch.cuda.get_device_name()
     rows = [dict(gpu=gpu, impl=impl, batch=args.batch, seqlen=args.seqlen, layers=args.layers,
                  hidden=config.hidden_size, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,

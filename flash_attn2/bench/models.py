@@ -135,7 +135,7 @@ def varlen_fn(impl, q, k, v, cu, max_len, features=None):
     return None
 
 
-def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print):
+def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print, min_round_ms=0.0):
     gpu = torch.cuda.get_device_name()
     dtype = torch.bfloat16
     rows = []
@@ -176,7 +176,7 @@ def run_models(models, seqlens, tokens, impls, passes, reps, rounds=3, log=print
                                 f"s={seqlen}: {str(e).splitlines()[0][:120]}")
                             if packed or impl not in SDPA_BACKENDS:
                                 break
-                for impl, ms in time_interleaved(runs, reps, rounds).items():
+                for impl, ms in time_interleaved(runs, reps, rounds, min_round_ms).items():
                     tflops = causal_flops(lengths, nheads, hdim, pass_, features.get("window"), hdim_v) / ms / 1e9
                     rows.append(dict(gpu=gpu, impl=impl, shape=shape, dtype="bf16", hdim=hdim, causal=True,
                                      seqlen=seqlen, batch=batch, nheads=nheads, nheads_k=nheads_k, **{"pass": pass_},
@@ -244,7 +244,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     warm_up_gpu(args.warmup_s)
     rows = run_models(args.models, args.seqlens, args.tokens, args.impls, args.passes, args.reps,
-                      args.rounds)
+                      args.rounds, min_round_ms=args.min_round_ms)
     save(rows, args.out_dir, "_models", COLUMNS, plot)
     print(summary(rows))
     return rows

@@ -83,7 +83,7 @@ def main(argv=None):
                                 print(f"  {impl} {name} {pass_} skipped: {str(e).splitlines()[0][:120]}")
                         if "plain" not in runs:
                             continue
-                        times = time_interleaved(runs, args.reps, args.rounds)
+                        times = time_interleaved(runs, args.reps, args.rounds, args.min_round_ms)
                         for name, ms in times.items():
                             rows.append(dict(gpu=gpu, impl=impl, variant=name, hdim=hdim, causal=causal, seqlen=seqlen,
                                              batch=batch, nheads=nheads, **{"pass": pass_}, ms=f"{ms:.4f}"))

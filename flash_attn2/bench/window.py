@@ -73,7 +73,8 @@ def main(argv=None):
         for window in args.windows:
             frac = visible_fraction(seqlen, window)
             for pass_ in args.passes:
-                times = time_interleaved(make_runs(q, k, v, window, pass_, dout), args.reps, args.rounds)
+                times = time_interleaved(make_runs(q, k, v, window, pass_, dout), args.reps, args.rounds,
+                                         args.min_round_ms)
                 for impl, ms in times.items():
                     rows.append(dict(gpu=gpu, impl=impl, seqlen=seqlen, window=window, nheads=NHEADS,
                                      nheads_k=NHEADS_K, hdim=HDIM, **{"pass": pass_}, ms=f"{ms:.4f}",
