@@ -98,11 +98,14 @@ struct FwdParams {
   const uint64_t* philox_offset_ptr = nullptr;
   uint64_t* rng_state = nullptr;
 
-  // Optional: one int of device memory a fixed-length causal forward on Hopper may use to hand query tiles
-  // to its persistent blocks as they free up, instead of in a fixed order (up to ~10% faster where tiles
-  // differ in work). run_fwd zeroes it on `stream` when it uses it, so its contents are the library's; it
-  // must stay valid until the work queued on `stream` is done, and no two forwards that may run at the
-  // same time (other streams, graphs) may share one. nullptr: fixed order. run_bwd ignores it.
+  // Optional: one int of device memory a fixed-length forward on Hopper uses to hand query tiles to its
+  // persistent blocks as they free up, instead of in a fixed order, wherever a block walks more than one
+  // tile: causal calls (up to ~10% faster where tiles differ in work) and non-causal ones alike (the torch
+  // op passes one for those only under FLASH_ATTN2_TILE_ORDER=dynamic, an experiment for blocks that start
+  // late behind another stream's kernel). run_fwd zeroes it on `stream` when it uses it, so its contents
+  // are the library's; it must stay valid until the work queued on `stream` is done, and no two forwards
+  // that may run at the same time (other streams, graphs) may share one. nullptr: fixed order. run_bwd
+  // ignores it.
   int* tile_counter = nullptr;
 
   // ---- KV cache (flash_attn_with_kvcache; fixed-length calls only) and split-KV (any call without dropout) ----
