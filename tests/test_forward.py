@@ -175,6 +175,29 @@ def test_many_tiles_per_block(seqlen_q, seqlen_k, causal, tile_order, head_dim, 
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_order_changes_no_bit(causal, head_dim, monkeypatch):
+    """Which block computes a tile never changes its bits: every tile order (static, the counter's, and the
+    counter's for non-causal grids under "dynamic") gives out and LSE equal to the default's, bit for bit."""
+    require_kernel(head_dim, torch.bfloat16)
+    q, k, v = dense_inputs(3, 1023, 1023, 48, 4, head_dim, torch.bfloat16)
+
+    def run(order):
+        if order is None:
+            monkeypatch.delenv("FLASH_ATTN2_TILE_ORDER", raising=False)
+        else:
+            monkeypatch.setenv("FLASH_ATTN2_TILE_ORDER", order)
+        out, lse = poisoned(q.shape, q.dtype), poisoned((3, 48, 1023), torch.float32)
+        return _flash_attn_forward(q, k, v, None, None, 1023, 1023, head_dim**-0.5, causal, out, lse)
+
+    base_out, base_lse = run(None)
+    check(base_out, base_lse, q, k, v, causal)
+    for order in ("static", "dynamic"):
+        out, lse = run(order)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), order
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("tile_order", [None, "static"])
 @pytest.mark.parametrize("seqlen_q,seqlen_k", [(1023, 300), (300, 1023)])
 def test_repeatable(seqlen_q, seqlen_k, tile_order, head_dim, monkeypatch):
