@@ -93,10 +93,11 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
     heads = std::min(heads, int64_t(p.batch) * p.num_heads);
     args.causal_tiles = {num_m_blocks, int(heads), 0};
   }
-  // The counter where a block walks more than one slot: a causal grid's (longest first), and a non-causal one's
-  // where the caller passes a counter (the torch op with FLASH_ATTN2_TILE_ORDER=dynamic), so that blocks which
-  // start late (their SMs held by another stream's kernel) take fewer tiles instead of delaying their fixed share.
-  if (persistent && grid < num_blocks && p.tile_counter != nullptr && (args.causal_order || !p.causal)) {
+  // The counter wherever a block walks more than one slot and the caller passed one: a causal grid's (longest
+  // first), and a non-causal one's (the torch op passes one only with FLASH_ATTN2_TILE_ORDER=dynamic), so that
+  // blocks which start late (their SMs held by another stream's kernel) take fewer tiles instead of delaying their
+  // fixed share.
+  if (persistent && grid < num_blocks && p.tile_counter != nullptr) {
     if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream)) return err;
     args.tile_counter = p.tile_counter;
   }
