@@ -472,9 +472,7 @@ cudaError_t run_merge_partial(const MergeParams& p, cudaStream_t stream) {
   }
   if (int64_t(p.batch) * p.seqlen * p.heads == 0) return cudaSuccess;  // no row: the pointers may be null
   if (!p.out || !p.lse || !p.block_out || !p.block_lse) return fail(cudaErrorInvalidValue, "out, lse, block_out and block_lse must be set");
-  const bool strides_ok = p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
-                          p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0;
-  if (!strides_ok || reinterpret_cast<uintptr_t>(p.out) % 16 != 0 || reinterpret_cast<uintptr_t>(p.block_out) % 8 != 0) {
+  if (!merge_layout_supported(p)) {
     return fail(cudaErrorInvalidValue, "out's and block_out's strides must be multiples of 4 elements, out 16-byte and "
                                        "block_out 8-byte aligned");
   }

@@ -901,10 +901,7 @@ bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Ten
   p.block_head_stride = block_out.stride(2);
   p.block_lse_batch_stride = block_lse.stride(0), p.block_lse_head_stride = block_lse.stride(1);
   p.block_lse_row_stride = block_lse.stride(2);
-  const bool aligned_ok = reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && reinterpret_cast<uintptr_t>(p.block_out) % 8 == 0 &&
-                          p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
-                          p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0;
-  if (!aligned_ok) return false;
+  if (!flash_attn2::merge_layout_supported(p)) return false;
   const c10::cuda::CUDAGuard guard(out.device());
   check_launch(flash_attn2::run_merge_partial(p, c10::cuda::getCurrentCUDAStream().stream()), out, "merge");
   return true;

@@ -279,6 +279,14 @@ struct MergeParams {
   int64_t block_lse_batch_stride = 0, block_lse_head_stride = 0, block_lse_row_stride = 0;
 };
 
+// Whether out's and block_out's strides and alignments are the ones the merge kernel takes (above): run_merge_partial
+// refuses others; a caller with a fallback of its own tests this first.
+inline bool merge_layout_supported(const MergeParams& p) {
+  return p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
+         p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && reinterpret_cast<uintptr_t>(p.block_out) % 8 == 0;
+}
+
 // Enqueues the merge (one kernel, one warp per (batch, row, head), one pass over out and block_out). Errors as
 // for run_fwd.
 cudaError_t run_merge_partial(const MergeParams& params, cudaStream_t stream);
