@@ -107,8 +107,20 @@ struct PagedRow {
 __device__ inline int clamp_page(const FwdParams& p, int entry) {
   return entry < 0 ? 0 : entry >= p.num_pages ? p.num_pages - 1 : entry;
 }
+// A logical key row's column of the page table and its row on that page. Page sizes are powers of two in practice
+// (vLLM's 16, SGLang's 1, 64-256: a shift), any other size a division (32-bit, by a value the compiler cannot know:
+// ~20 instructions and a MUFU round trip, once per row a copy loop reads).
+struct PageSlot {
+  int column, row;
+};
+__device__ __forceinline__ PageSlot page_slot(const FwdParams& p, int row) {
+  const int size = p.page_size;
+  const int column = (size & (size - 1)) == 0 ? row >> (__ffs(size) - 1) : row / size;
+  return {column, row - column * size};
+}
 __device__ inline PagedRow paged_row(const FwdParams& p, const int* table_row, int row) {
-  return {clamp_page(p, table_row[row / p.page_size]), row % p.page_size};
+  const PageSlot slot = page_slot(p, row);
+  return {clamp_page(p, table_row[slot.column]), slot.row};
 }
 
 // Varlen q against a paged cache: sequence b's key count, seqused_k[b] or else cu_seqlens_k's length, clamped to

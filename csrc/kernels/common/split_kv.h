@@ -61,7 +61,7 @@ struct SplitSeq {
   int64_t q_rows;   // varlen: the sequence's first packed query row (q, out, lse); fixed length: 0
   int64_t q_batch;  // fixed length: the batch entry (q, out, lse); varlen: 0
   int64_t k_offset, v_offset;  // elements to the sequence's first key row (head 0); paged: 0
-  const int* pages;            // paged: this batch entry's row of the page table, else nullptr
+  const int* pages;            // paged: this batch entry's row of the page table, else nullptr (load_paged)
   int k_row0;                  // paged: the logical row of key 0 (leftpad_k)
 
   __device__ SplitSeq(const FwdParams& p, int bidb) {
@@ -91,13 +91,6 @@ struct SplitSeq {
     pages = nullptr, k_row0 = 0;
     k_offset = rows.kv_bidb * p.k_batch_stride + rows.begin * p.k_row_stride;
     v_offset = rows.kv_bidb * p.v_batch_stride + rows.begin * p.v_row_stride;
-  }
-
-  // Paged: elements from the (head 0) base to logical key row `row` (< len_k) through the table, for a tensor with
-  // these page and row strides.
-  __device__ int64_t paged_offset(const FwdParams& p, int row, int64_t page_stride, int64_t row_stride) const {
-    const PagedRow at = paged_row(p, pages, k_row0 + row);
-    return at.page * page_stride + at.row * row_stride;
   }
 
   // Element offsets of query row i of head h in q and out, and its LSE.

@@ -49,21 +49,31 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
 
 // Paged K / V (FwdParams::page_table): key rows [row0, row0 + tile rows) of the sequence into a K and a V stage,
 // each thread looking up the pages of its own rows (coord: its copies' tile coordinates; one table read per row,
-// K and V sharing it), 16 bytes per cp.async, zeros past len_k and the head dim. Rows past len_k read no table
-// entry, so a table's padding (-1) is never dereferenced; entries are clamped to the pages (SplitSeq).
+// K and V sharing it), 16 bytes per cp.async, zeros past len_k and the head dim. The thread's table reads are issued
+// together before any of them is used, so a stage waits one table round trip, not one per row (a read behind an
+// `if (row < len_k)` made the compiler serialize them: 4 round trips a 16-row chunk per lane, the narrow kernel's
+// paged blocks streaming at less than half a contiguous block's rate, TUNING 145). Rows past len_k read the entry of
+// row0 (the stage's first row, below len_k whenever a stage is loaded) and copy nothing, so a table's padding (-1)
+// is never dereferenced; entries are clamped to the pages (clamp_page).
 template <class Element, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& seq, const Element* k, const Element* v,
                                            DstK&& sk, DstV&& sv, Coord const& coord, int row0) {
   using namespace cute;
+  constexpr int kRows = decltype(size<1>(sk))::value;
+  int entry[kRows], on_page[kRows];
   CUTE_UNROLL
-  for (int m = 0; m < size<1>(sk); ++m) {
+  for (int m = 0; m < kRows; ++m) {
     const int row = row0 + get<0>(coord(0, m, 0));
-    const bool row_ok = row < seq.len_k;
-    int64_t k_off = 0, v_off = 0;
-    if (row_ok) {
-      k_off = seq.paged_offset(p, row, p.k_batch_stride, p.k_row_stride);
-      v_off = seq.paged_offset(p, row, p.v_batch_stride, p.v_row_stride);
-    }
+    const PageSlot slot = page_slot(p, seq.k_row0 + (row < seq.len_k ? row : row0));
+    entry[m] = seq.pages[slot.column];
+    on_page[m] = slot.row;
+  }
+  CUTE_UNROLL
+  for (int m = 0; m < kRows; ++m) {
+    const bool row_ok = row0 + get<0>(coord(0, m, 0)) < seq.len_k;
+    const int64_t page = clamp_page(p, entry[m]);
+    const int64_t k_off = page * p.k_batch_stride + on_page[m] * p.k_row_stride;
+    const int64_t v_off = page * p.v_batch_stride + on_page[m] * p.v_row_stride;
     CUTE_UNROLL
     for (int c = 0; c < size<2>(sk); ++c) {
       const int col = get<1>(coord(0, m, c));
