@@ -115,7 +115,12 @@ struct PageSlot {
 };
 __device__ __forceinline__ PageSlot page_slot(const FwdParams& p, int row) {
   const int size = p.page_size;
-  const int column = (size & (size - 1)) == 0 ? row >> (__ffs(size) - 1) : row / size;
+#if defined(__CUDA_ARCH__)
+  const int shift = __ffs(size) - 1;
+#else  // host compilers see this header too (dispatch.cpp through the tile scheduler); the body is never run there
+  const int shift = __builtin_ctz(static_cast<unsigned>(size));
+#endif
+  const int column = (size & (size - 1)) == 0 ? row >> shift : row / size;
   return {column, row - column * size};
 }
 // (The Hopper producer's per-box lookup keeps the division: one a 16-row box, and a shift there moved the d 224
