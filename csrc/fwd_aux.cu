@@ -33,6 +33,11 @@ __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __fl
 // past a too-small max_seqlen_q hint being written by the split kernel directly): LSE = log sum_s exp(LSE_s), out = sum_s exp(LSE_s - LSE)
 // O_s, in fp32, four columns per lane at a time, with the head's sink (if any) in LSE. A row whose splits all saw no
 // key gets out 0 and LSE -inf, or the sink (as an unsplit forward gives).
+// A batch-1 decode call waits on this kernel's chain of round trips to L2 after the split kernel: every load is
+// issued before any of its values is used, kCombineBatch splits at a time (a loop that read split s's LSE, then its
+// O, then split s + 1's, serialized 2 round trips a split: 32+ at 16 splits).
+constexpr int kCombineBatch = 8;
+
 template <typename T>
 __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_constant__ FwdParams p, int splits) {
   griddep_wait();  // launched after the split kernel (launch_after): its partials
@@ -45,14 +50,26 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   if (i >= seq.len_q) return;  // varlen: past this sequence (no partials were written for it)
   const float* accum_lse = p.split_accum + split_lse_offset(p, splits);
   const int64_t split_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // rows per split
-  float m = -INFINITY;
-  for (int s = lane; s < splits; s += 32) m = fmaxf(m, accum_lse[s * split_stride + row]);
-  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  float sum = 0.f;
-  if (m != -INFINITY) {
-    for (int s = lane; s < splits; s += 32) sum += expf(accum_lse[s * split_stride + row] - m);
+  // LSE: each lane folds its splits' LSEs (s = lane, lane + 32, ...) into a running (max, sum of exp), then the
+  // warp merges the lanes' pairs.
+  float m = -INFINITY, sum = 0.f;
+  for (int s = lane; s < splits; s += 32) {
+    const float x = accum_lse[s * split_stride + row];
+    if (x > m) {
+      sum = sum * expf(m - x) + 1.f;  // m = -inf: sum is 0
+      m = x;
+    } else if (x != -INFINITY) {
+      sum += expf(x - m);
+    }
   }
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m_o = __shfl_xor_sync(0xffffffffu, m, offset), sum_o = __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float top = fmaxf(m, m_o);
+    if (top != -INFINITY) {
+      sum = (m == -INFINITY ? 0.f : sum * expf(m - top)) + (m_o == -INFINITY ? 0.f : sum_o * expf(m_o - top));
+    }
+    m = top;
+  }
   float lse = sum == 0.f ? -INFINITY : m + logf(sum);
   float unused = 1.f;
   add_sink(lse, unused, sink_logit(p, h));  // once, here: the partials' LSEs leave the sink out
@@ -61,12 +78,21 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   for (int col = lane * 4; col < p.head_dim; col += 128) {  // head_dim is a multiple of 8
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (lse != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float lse_s = accum_lse[s * split_stride + row];
-        if (lse_s == -INFINITY) continue;
-        const float w = expf(lse_s - lse);
-        const float4 o = *reinterpret_cast<const float4*>(p.split_accum + (s * split_stride + row) * p.head_dim + col);
-        acc[0] += w * o.x, acc[1] += w * o.y, acc[2] += w * o.z, acc[3] += w * o.w;
+      for (int s0 = 0; s0 < splits; s0 += kCombineBatch) {
+        float lse_s[kCombineBatch];
+        float4 o[kCombineBatch];
+#pragma unroll
+        for (int j = 0; j < kCombineBatch; ++j) {  // the batch's loads, all in flight together
+          const int s = s0 + j < splits ? s0 + j : splits - 1;  // past the last split: a repeat, not used
+          lse_s[j] = accum_lse[s * split_stride + row];
+          o[j] = *reinterpret_cast<const float4*>(p.split_accum + (s * split_stride + row) * p.head_dim + col);
+        }
+#pragma unroll
+        for (int j = 0; j < kCombineBatch; ++j) {
+          if (s0 + j >= splits || lse_s[j] == -INFINITY) continue;  // a split without keys: its O is not read
+          const float w = expf(lse_s[j] - lse);
+          acc[0] += w * o[j].x, acc[1] += w * o[j].y, acc[2] += w * o[j].z, acc[3] += w * o[j].w;
+        }
       }
     }
     T vals[4];
