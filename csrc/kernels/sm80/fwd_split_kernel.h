@@ -106,6 +106,23 @@ __device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq
   }
 }
 
+// The same by cp.async, as a commit group of its own (the caller waits for it before reading sQ): issued before
+// anything waits on a cache length, Q's round trip overlaps the length's and the first K / V copies' instead of
+// preceding them (the narrow kernel: batch-1 decode is a chain of round trips).
+template <class Element, int kRows, int kHeadDim, class SmemQ, class QueryOf, class HeadOf>
+__device__ __forceinline__ void gather_q_async(const FwdParams& p, const SplitSeq& seq, SmemQ& sQ, int tile_rows,
+                                               QueryOf query_of, HeadOf head_of, int tid, int threads) {
+  constexpr int kVecs = kHeadDim / 8;
+  for (int idx = tid; idx < kRows * kVecs; idx += threads) {
+    const int r = idx / kVecs, c = idx % kVecs;
+    const bool ok = r < tile_rows && c * 8 < p.head_dim;
+    const Element* src = static_cast<const Element*>(p.q) + (ok ? seq.q_offset(p, query_of(r), head_of(r)) + c * 8 : 0);
+    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+                                                                  *reinterpret_cast<cute::uint128_t*>(&sQ(r, c * 8)), ok);
+  }
+  cute::cp_async_fence();
+}
+
 // Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
 // one tile, checking rows only where the sequence's end cuts it (zeros past len_k: a cache's unused rows, whatever
 // they hold, never reach a score or P V).
@@ -428,12 +445,16 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   const int pack = split_pack(params);
   const int bidh_k = head0 / (params.num_heads / params.num_heads_k);
   const int tile_rows = int(row_end - row0);  // 1..16
+  auto query_of = [&](int r) { return int((row0 + r) / pack); };
+  auto head_of = [&](int r) { return head0 + int((row0 + r) % pack); };
+  extern __shared__ __align__(128) char smem[];
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (16, D)
+  // Q first, asynchronously: the oldest commit group, waited for before the main loop.
+  gather_q_async<Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, 128);
   const Window window(seq.len_q, seq.len_k, params);
   const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, int(row0 / pack), int((row_end - 1) / pack));
   const SplitBlocks mine = direct ? SplitBlocks{blocks.n_min, blocks.n_max}
                                   : split_blocks(blocks.n_min, blocks.n_max, split, splits);
-  auto query_of = [&](int r) { return int((row0 + r) / pack); };
-  auto head_of = [&](int r) { return head0 + int((row0 + r) % pack); };
 
   Tensor mK = gmem_rows<kHeadDim>(static_cast<const Element*>(params.k) + seq.k_offset + bidh_k * params.k_head_stride,
                                   seq.len_k, params.k_row_stride);  // (len_k, D)
@@ -442,15 +463,11 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));  // (16, D, n)
   Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));  // (16, D, n)
 
-  extern __shared__ __align__(128) char smem[];
-  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (16, D)
   // This warp's chunk buffers: K stages, then V stages.
   Element* kv_base = sQ.data().get() + int(Traits::kQSize) + warp * 2 * kStages * int(Traits::kChunkSize);
   Tensor sK = make_tensor(make_smem_ptr(kv_base), typename Traits::SmemLayoutKV{});  // (16, D), stage 0
   Tensor sV = make_tensor(make_smem_ptr(kv_base + kStages * int(Traits::kChunkSize)), typename Traits::SmemLayoutKV{});  // (16, D)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});  // (D, 16), stage 0
-
-  gather_q<Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, 128);
 
   typename Traits::WarpGmemCopy gmem_copy;
   auto gmem_thr = gmem_copy.get_thread_slice(lane);
@@ -485,6 +502,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, mma);
   Tensor tSsK = smem_copy_k.get_thread_slice(lane).partition_S(sK);    // (CPY, CPY_N, CPY_D), stage 0
   Tensor tOsVt = smem_copy_v.get_thread_slice(lane).partition_S(sVt);  // (CPY, CPY_D, CPY_N), stage 0
+  cp_async_wait<kStages - 1>();  // Q's group, the oldest (the prologue's kStages - 1 chunks may still be in flight)
   __syncthreads();  // Q is in shared memory
   cute::copy(smem_copy_q, smem_copy_q.get_thread_slice(lane).partition_S(sQ),
              smem_copy_q.get_thread_slice(lane).retile_D(tSrQ));  // Q stays in registers
