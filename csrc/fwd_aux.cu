@@ -51,11 +51,15 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   const float* accum_lse = p.split_accum + split_lse_offset(p, splits);
   const int64_t split_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // rows per split
   // LSE: each lane folds its splits' LSEs (s = lane, lane + 32, ...) into a running (max, sum of exp), then the
-  // warp merges the lanes' pairs.
+  // warp merges the lanes' pairs (symmetric: the lanes agree bit for bit). NaN partials as the two-pass form had
+  // them: the LSE is NaN if any split's is and another's is finite, -inf if none is finite.
   float m = -INFINITY, sum = 0.f;
+  bool nan_seen = false;
   for (int s = lane; s < splits; s += 32) {
     const float x = accum_lse[s * split_stride + row];
-    if (x > m) {
+    if (x != x) {
+      nan_seen = true;
+    } else if (x > m) {
       sum = sum * expf(m - x) + 1.f;  // m = -inf: sum is 0
       m = x;
     } else if (x != -INFINITY) {
@@ -65,12 +69,12 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   for (int offset = 16; offset > 0; offset /= 2) {
     const float m_o = __shfl_xor_sync(0xffffffffu, m, offset), sum_o = __shfl_xor_sync(0xffffffffu, sum, offset);
     const float top = fmaxf(m, m_o);
-    if (top != -INFINITY) {
-      sum = (m == -INFINITY ? 0.f : sum * expf(m - top)) + (m_o == -INFINITY ? 0.f : sum_o * expf(m_o - top));
-    }
+    const float a = m == -INFINITY ? 0.f : expf(m - top), b = m_o == -INFINITY ? 0.f : expf(m_o - top);
+    sum = sum * a + sum_o * b;
     m = top;
   }
-  float lse = sum == 0.f ? -INFINITY : m + logf(sum);
+  const bool any_nan = __any_sync(0xffffffffu, nan_seen);
+  float lse = m == -INFINITY ? -INFINITY : any_nan ? NAN : m + logf(sum);
   float unused = 1.f;
   add_sink(lse, unused, sink_logit(p, h));  // once, here: the partials' LSEs leave the sink out
   if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
