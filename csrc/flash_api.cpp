@@ -430,6 +430,21 @@ void run_fwd_with_splits(flash_attn2::FwdParams& p, const Tensor& q) {
 }
 
 // Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready; dropout as set_dropout.
+// The tile order this thread's forwards take when FLASH_ATTN2_TILE_ORDER is unset or empty: "" (the default below),
+// "static" or "dynamic". The ring's forward asks for "dynamic" around its blocks (flash_attn2/distributed/ring.py,
+// through _ops.tile_order): they run beside NCCL's kernels, and a persistent grid whose blocks start late behind them
+// finishes late with static slots (4 H200s, 128k: 67.3 -> 57.1 ms; TUNING 148). Thread-local: the dispatcher runs an
+// op on its caller's thread, and another thread's calls keep theirs.
+thread_local std::string tile_order_request;
+
+std::string set_tile_order(const std::string& order) {
+  TORCH_CHECK(order.empty() || order == "static" || order == "dynamic",
+              "flash_attn2: tile order must be '', 'static' or 'dynamic', got '", order, "'");
+  std::string previous = tile_order_request;
+  tile_order_request = order;
+  return previous;
+}
+
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap,
@@ -450,13 +465,14 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   set_dropout(p, dropout_p, rng_state, new_seed, q);
   // A causal Hopper forward hands tiles to its blocks as they free up through this counter (it lives until
   // the launch is queued; the allocator keeps it for this stream's work). FLASH_ATTN2_TILE_ORDER (read on every
-  // call, like FLASH_ATTN2_BACKEND: a getenv is cheap next to a launch): "static" keeps the fixed order, for
-  // tests and comparison; "dynamic" hands non-causal tiles out as blocks free up too (an experiment for blocks
-  // that start late, behind NCCL's kernels on their SMs: a ring's; TUNING 145). SM80 and one-block-per-tile
+  // call, like FLASH_ATTN2_BACKEND: a getenv is cheap next to a launch), else this thread's request
+  // (set_tile_order): "static" keeps the fixed order, for tests and comparison; "dynamic" hands non-causal tiles
+  // out as blocks free up too, for blocks that start late behind NCCL's kernels on their SMs (a ring's; TUNING 145,
+  // 148). Not the default for non-causal calls alone: unmeasured on the single-GPU grid. SM80 and one-block-per-tile
   // launches leave the counter unused.
   Tensor tile_counter;
   const char* order_env = std::getenv("FLASH_ATTN2_TILE_ORDER");
-  const std::string order = order_env != nullptr ? order_env : "";
+  const std::string order = order_env != nullptr && order_env[0] != '\0' ? std::string(order_env) : tile_order_request;
   if (!cu_seqlens_q && order != "static" && (causal || order == "dynamic")) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));
     p.tile_counter = tile_counter.data_ptr<int>();
@@ -1126,6 +1142,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("flash_fwd", &flash_fwd, "aten::_flash_attention_forward's body (varlen_attn), in one call");
   m.def("merge_partial_", &merge_partial_,
         "out, lse <- the merge with one more partial result, in one kernel; False (nothing done) where it cannot");
+  m.def("set_tile_order", &set_tile_order,
+        "This thread's tile order where FLASH_ATTN2_TILE_ORDER is unset ('', 'static', 'dynamic'); returns the previous");
   m.def("fwd_head_dim_bucket", &fwd_head_dim_bucket,
         "The compiled head-dim bucket serving head_dim for the dtype, or 0");
   m.attr("built_archs") = std::string(FLASH_ATTN2_BUILT_ARCHS);

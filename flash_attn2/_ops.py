@@ -11,6 +11,8 @@ gradient in its input's strides where that input is dense with its head dim inne
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
@@ -22,6 +24,18 @@ ext = load()  # loading the library registers the ops
 fwd = torch.ops.flash_attn2.fwd
 bwd = torch.ops.flash_attn2.bwd
 fwd_kvcache = torch.ops.flash_attn2.fwd_kvcache  # its fake: flash_attn2/_kvcache.py
+
+
+@contextlib.contextmanager
+def tile_order(order: str):
+    """The Hopper forward's tile order for this thread's calls inside the block, where FLASH_ATTN2_TILE_ORDER is
+    unset: 'dynamic' hands non-causal query tiles to persistent blocks as they free up (the ring's blocks, beside
+    NCCL's kernels), 'static' deals every grid's tiles in a fixed order, '' is the default (csrc/flash_api.cpp)."""
+    previous = ext.set_tile_order(order)
+    try:
+        yield
+    finally:
+        ext.set_tile_order(previous)
 
 
 def _empty_like(t: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flash_attn2
+from flash_attn2 import _ops
 from flash_attn2.flash_attn_interface import _flash_attn_forward
 from flash_attn2.testing import attention_ref, attention_ref_varlen, max_error, within_tolerance
 
@@ -195,6 +196,10 @@ def test_tile_order_changes_no_bit(causal, head_dim, monkeypatch):
     for order in ("static", "dynamic"):
         out, lse = run(order)
         assert torch.equal(out, base_out) and torch.equal(lse, base_lse), order
+    monkeypatch.delenv("FLASH_ATTN2_TILE_ORDER", raising=False)
+    with _ops.tile_order("dynamic"):  # the thread's request (the ring's blocks) where the variable is unset
+        out, lse = run(None)
+    assert torch.equal(out, base_out) and torch.equal(lse, base_lse), "tile_order('dynamic')"
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)

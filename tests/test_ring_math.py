@@ -240,3 +240,37 @@ def test_shard_index_is_shard_indices(layout, world):
         check_layout(layout, seqlen + 1, max(world, 2))
     with pytest.raises(ValueError, match="layout must be one of"):
         _shard_index("spiral", seqlen, world, 0, "cpu")
+
+
+def test_kernel_backend_asks_for_dynamic_tiles(monkeypatch):
+    """The ring's forward blocks run with the counter's tile order (their blocks start behind NCCL's kernels; TUNING
+    148) and leave the thread's order as they found it, an error inside included; FLASH_ATTN2_TILE_ORDER still rules
+    (csrc/flash_api.cpp reads it first). Bad orders are refused by name."""
+    from flash_attn2 import _ops
+    from flash_attn2.distributed.ring import KernelBackend
+
+    def current():
+        previous = _ops.ext.set_tile_order("")
+        _ops.ext.set_tile_order(previous)
+        return previous
+
+    seen = []
+
+    def fake_fwd(q, *args):
+        seen.append(current())
+        if q is None:
+            raise ValueError("boom")
+        return q, q, None
+
+    monkeypatch.setattr(_ops, "fwd", fake_fwd)
+    x = torch.zeros(1)
+    assert KernelBackend.forward(x, x, x, False, 1.0)[0] is x
+    assert seen == ["dynamic"] and current() == ""
+    with _ops.tile_order("static"):
+        with pytest.raises(ValueError, match="boom"):
+            KernelBackend.forward(None, x, x, True, 1.0)
+        assert current() == "static"
+    assert seen == ["dynamic", "dynamic"] and current() == ""
+    with pytest.raises(RuntimeError, match="tile order must be"):
+        _ops.ext.set_tile_order("sideways")
+    assert current() == ""

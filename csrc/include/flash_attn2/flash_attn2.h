@@ -101,8 +101,8 @@ struct FwdParams {
   // Optional: one int of device memory a fixed-length forward on Hopper uses to hand query tiles to its
   // persistent blocks as they free up, instead of in a fixed order, wherever a block walks more than one
   // tile: causal calls (up to ~10% faster where tiles differ in work) and non-causal ones alike (the torch
-  // op passes one for those only under FLASH_ATTN2_TILE_ORDER=dynamic, an experiment for blocks that start
-  // late behind another stream's kernel). run_fwd zeroes it on `stream` when it uses it, so its contents
+  // op passes one for those only under FLASH_ATTN2_TILE_ORDER=dynamic or a thread's "dynamic" request, as the
+  // ring's forward blocks make: they start late behind NCCL's kernels). run_fwd zeroes it on `stream` when it uses it, so its contents
   // are the library's; it must stay valid until the work queued on `stream` is done, and no two forwards
   // that may run at the same time (other streams, graphs) may share one. nullptr: fixed order. run_bwd
   // ignores it.

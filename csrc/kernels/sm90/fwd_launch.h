@@ -94,7 +94,7 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
     args.causal_tiles = {num_m_blocks, int(heads), 0};
   }
   // The counter wherever a block walks more than one slot and the caller passed one: a causal grid's (longest
-  // first), and a non-causal one's (the torch op passes one only with FLASH_ATTN2_TILE_ORDER=dynamic), so that
+  // first), and a non-causal one's (the torch op passes one only for "dynamic": the ring's blocks), so that
   // blocks which start late (their SMs held by another stream's kernel) take fewer tiles instead of delaying their
   // fixed share.
   if (persistent && grid < num_blocks && p.tile_counter != nullptr) {
