@@ -429,7 +429,6 @@ void run_fwd_with_splits(flash_attn2::FwdParams& p, const Tensor& q) {
   check_launch(flash_attn2::run_fwd(p, c10::cuda::getCurrentCUDAStream().stream()), q, "forward");
 }
 
-// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready; dropout as set_dropout.
 // The tile order this thread's forwards take when FLASH_ATTN2_TILE_ORDER is unset or empty: "" (the default below),
 // "static" or "dynamic". The ring's forward asks for "dynamic" around its blocks (flash_attn2/distributed/ring.py,
 // through _ops.tile_order): they run beside NCCL's kernels, and a persistent grid whose blocks start late behind them
@@ -445,6 +444,7 @@ std::string set_tile_order(const std::string& order) {
   return previous;
 }
 
+// Forward into preallocated out and softmax_lse; q, k, v, out kernel-ready; dropout as set_dropout.
 void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& lse, const OptTensor& cu_seqlens_q,
              const OptTensor& cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap,
