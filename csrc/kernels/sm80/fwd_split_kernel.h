@@ -89,38 +89,30 @@ __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& s
 // Both tiles' pieces: Q's gather, a K / V block's load and the mask.
 
 // Q's rows [0, tile_rows) into sQ (rows of a tile belong to different heads: row r is query query_of(r) of head
-// head_of(r)), 16 bytes per copy, zeros past the rows and the head dim. Synchronous stores: Q is small, and the
-// caller's barrier publishes it.
-template <class Element, int kRows, int kHeadDim, class SmemQ, class QueryOf, class HeadOf>
+// head_of(r)), 16 bytes per copy, zeros past the rows and the head dim. Synchronous stores (the 64-row kernel: Q is
+// small, and the caller's barrier publishes it), or (kAsync) by cp.async as a commit group of its own, which the
+// caller waits for before reading sQ: issued before anything waits on a cache length, Q's round trip overlaps the
+// length's and the first K / V copies' instead of preceding them (the narrow kernel: batch-1 decode is a chain of
+// round trips).
+template <bool kAsync, class Element, int kRows, int kHeadDim, class SmemQ, class QueryOf, class HeadOf>
 __device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq, SmemQ& sQ, int tile_rows,
                                          QueryOf query_of, HeadOf head_of, int tid, int threads) {
   constexpr int kVecs = kHeadDim / 8;
   for (int idx = tid; idx < kRows * kVecs; idx += threads) {
     const int r = idx / kVecs, c = idx % kVecs;
-    uint4 value = {0, 0, 0, 0};
-    if (r < tile_rows && c * 8 < p.head_dim) {
-      value = *reinterpret_cast<const uint4*>(static_cast<const Element*>(p.q) + seq.q_offset(p, query_of(r), head_of(r)) +
-                                              c * 8);
-    }
-    *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
-  }
-}
-
-// The same by cp.async, as a commit group of its own (the caller waits for it before reading sQ): issued before
-// anything waits on a cache length, Q's round trip overlaps the length's and the first K / V copies' instead of
-// preceding them (the narrow kernel: batch-1 decode is a chain of round trips).
-template <class Element, int kRows, int kHeadDim, class SmemQ, class QueryOf, class HeadOf>
-__device__ __forceinline__ void gather_q_async(const FwdParams& p, const SplitSeq& seq, SmemQ& sQ, int tile_rows,
-                                               QueryOf query_of, HeadOf head_of, int tid, int threads) {
-  constexpr int kVecs = kHeadDim / 8;
-  for (int idx = tid; idx < kRows * kVecs; idx += threads) {
-    const int r = idx / kVecs, c = idx % kVecs;
     const bool ok = r < tile_rows && c * 8 < p.head_dim;
-    const Element* src = static_cast<const Element*>(p.q) + (ok ? seq.q_offset(p, query_of(r), head_of(r)) + c * 8 : 0);
-    cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
-                                                                  *reinterpret_cast<cute::uint128_t*>(&sQ(r, c * 8)), ok);
+    const Element* q = static_cast<const Element*>(p.q);
+    if constexpr (kAsync) {
+      const Element* src = q + (ok ? seq.q_offset(p, query_of(r), head_of(r)) + c * 8 : 0);
+      cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(*reinterpret_cast<const cute::uint128_t*>(src),
+                                                                    *reinterpret_cast<cute::uint128_t*>(&sQ(r, c * 8)), ok);
+    } else {
+      uint4 value = {0, 0, 0, 0};
+      if (ok) value = *reinterpret_cast<const uint4*>(q + seq.q_offset(p, query_of(r), head_of(r)) + c * 8);
+      *reinterpret_cast<uint4*>(&sQ(r, c * 8)) = value;
+    }
   }
-  cute::cp_async_fence();
+  if constexpr (kAsync) cute::cp_async_fence();
 }
 
 // Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
@@ -231,7 +223,8 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   auto head_of = [&](int r) { return head0 + int((row0 + r) % pack); };
 
   // Q: the first step's barrier publishes it.
-  gather_q<Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, kNThreads);
+  gather_q</*kAsync=*/false, Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid,
+                                                         kNThreads);
   constexpr int kChunks = kHeadDim / 8;
 
   // Global -> shared for K and V, stage 0's partition; stage s is kKVSize elements on.
@@ -450,7 +443,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   extern __shared__ __align__(128) char smem[];
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), typename Traits::SmemLayoutQ{});  // (16, D)
   // Q first, asynchronously: the oldest commit group, waited for before the main loop.
-  gather_q_async<Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, 128);
+  gather_q</*kAsync=*/true, Element, kBlockM, kHeadDim>(params, seq, sQ, tile_rows, query_of, head_of, tid, 128);
   const Window window(seq.len_q, seq.len_k, params);
   const BlockRange blocks = fwd_block_range_rows<kChunk, kExtended>(window, int(row0 / pack), int((row_end - 1) / pack));
   const SplitBlocks mine = direct ? SplitBlocks{blocks.n_min, blocks.n_max}
