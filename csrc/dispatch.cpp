@@ -564,6 +564,8 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
+  std::string backend;
+  if (!requested_backend(&backend)) return cudaErrorInvalidValue;  // its own error, before the head dims'
   if (!bwd_serves_head_dim_v(p)) {
     return fail(cudaErrorNotSupported,
                 "head_dim_v " + std::to_string(p.head_dim_v) + " with head_dim " + std::to_string(p.head_dim) +
@@ -574,8 +576,6 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   // nonzero extents.
   BwdLauncher bwd = nullptr;
   cudaError_t err = cudaSuccess;
-  std::string backend;
-  if (!requested_backend(&backend)) return cudaErrorInvalidValue;
   const Kernels& k = kernels(bucket, p.dtype);
   if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(k, p, backend, &err)) == nullptr) return err;
   LaunchPlan plan;

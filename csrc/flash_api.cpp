@@ -480,7 +480,8 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   run_fwd_with_splits(p, q);
 }
 
-// Gradients into preallocated dq (q's shape), dk and dv (k's shape); every tensor but lse kernel-ready.
+// Gradients into preallocated dq (q's shape), dk (k's) and dv (v's; dout has out's): every tensor but lse
+// kernel-ready. v, out and dout narrower than q and k (MLA) where run_bwd takes them (bwd_serves_head_dim_v).
 void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
              Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
@@ -600,12 +601,22 @@ std::tuple<Tensor, Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const T
 
 // Whether the backward takes v, out and dout at their own head dim (narrower than q's: MLA) without padding them:
 // the Hopper backward (dispatch.cpp: bwd_serves_head_dim_v, from the fields it reads), d_v a multiple of 8 (TMA's
-// 16-byte rows), and the kernel-ready dout's strides readable by TMA.
-bool bwd_takes_head_dim_v(const Tensor& d, const Tensor& q, const Tensor& k, const Tensor& v,
+// 16-byte rows: both head dims as kernel_ready rounds them up to 8), and dout's strides as kernel_ready leaves them
+// readable by TMA (its own where aligned, else a contiguous copy's). On q's device, as run_bwd will ask.
+bool bwd_takes_head_dim_v(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                           const OptTensor& cu_seqlens_q) {
-  const int64_t head_dim = q.size(-1), head_dim_v = v.size(-1);
-  if (head_dim_v >= head_dim || head_dim_v % 8 != 0 || head_dim % 8 != 0) return false;
+  auto round8 = [](int64_t d) { return (d + 7) / 8 * 8; };
+  const int64_t head_dim = round8(q.size(-1)), head_dim_v = round8(v.size(-1));
   const bool varlen = cu_seqlens_q.has_value();
+  if (head_dim_v >= head_dim || dout.dim() != (varlen ? 3 : 4)) return false;
+  // kernel_ready's dout: dout itself where aligned, else a contiguous copy (head dim head_dim_v).
+  const bool as_is = dout.size(-1) % 8 == 0 && aligned(dout);
+  const int64_t heads = dout.size(-2), rows = varlen ? dout.size(0) : dout.size(1);
+  const int64_t head_stride = as_is ? dout.stride(-2) : head_dim_v;
+  const int64_t row_stride = as_is ? dout.stride(varlen ? 0 : 1) : heads * head_dim_v;
+  const int64_t batch_stride = varlen ? 0 : as_is ? dout.stride(0) : rows * heads * head_dim_v;
+  static const int kAnyCuSeqlens = 0;  // only compared with nullptr (run_bwd reads the real one)
+  const c10::cuda::CUDAGuard guard(q.device());
   flash_attn2::BwdParams p{};
   p.dtype = q.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
   p.batch = varlen ? int(cu_seqlens_q->numel() - 1) : int(q.size(0));
@@ -613,8 +624,8 @@ bool bwd_takes_head_dim_v(const Tensor& d, const Tensor& q, const Tensor& k, con
   p.head_dim = int(head_dim), p.head_dim_v = int(head_dim_v);
   p.total_q = varlen ? q.size(0) : int64_t(q.size(0)) * q.size(1);
   p.total_k = varlen ? k.size(0) : int64_t(k.size(0)) * k.size(1);
-  p.cu_seqlens_q = varlen ? cu_seqlens_q->data_ptr<int>() : nullptr;
-  p.do_row_stride = d.stride(varlen ? 0 : 1), p.do_head_stride = d.stride(-2), p.do_batch_stride = varlen ? 0 : d.stride(0);
+  p.cu_seqlens_q = varlen ? &kAnyCuSeqlens : nullptr;
+  p.do_row_stride = row_stride, p.do_head_stride = head_stride, p.do_batch_stride = batch_stride;
   return flash_attn2::bwd_serves_head_dim_v(p);
 }
 
@@ -627,8 +638,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
                                                const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
                                                const OptTensor& rng_state, const OptTensor& learnable_sink) {
   const int64_t head_dim = q.size(-1), head_dim_v = v.size(-1);
-  const Tensor dout_r = kernel_ready(dout);
-  if (head_dim_v != head_dim && !bwd_takes_head_dim_v(dout_r, q, k, v, cu_seqlens_q)) {
+  if (head_dim_v != head_dim && !bwd_takes_head_dim_v(dout, q, k, v, cu_seqlens_q)) {
     // Elsewhere the backward takes one head dim: the narrower side zero-padded (the forward's pair kernel or padding
     // gave the same out), the padded columns' gradients cut off into gradients laid out as grad_like says.
     const int64_t wide = std::max(head_dim, head_dim_v);
@@ -650,7 +660,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
   Tensor dq = grad_like(q), dk = grad_like(k), dv = grad_like(v);
   OptTensor dsink;
   if (learnable_sink.has_value()) dsink = at::empty({q.size(-2)}, q.options().dtype(at::kFloat));
-  bwd_out(dout_r, qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+  bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
           deterministic, dropout_p, rng_state, learnable_sink, dsink);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim_v),
