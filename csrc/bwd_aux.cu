@@ -16,6 +16,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "common/launch.h"
 #include "common/bwd_workspace.h"
+#include "common/head_dims.h"
 #include "common/launchers.h"
 #include "common/seqlen.h"
 
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
     if (r < seq_rows) {
       const T* dout = static_cast<const T*>(p.dout) + b * p.do_batch_stride + r * p.do_row_stride + head * p.do_head_stride;
       const T* out = static_cast<const T*>(p.out) + b * p.o_batch_stride + r * p.o_row_stride + head * p.o_head_stride;
-      for (int col = lane * kVec; col < p.head_dim; col += kLanes * kVec) {
+      for (int col = lane * kVec; col < value_head_dim(p); col += kLanes * kVec) {  // dout and out: d_v wide
         const uint4 x = *reinterpret_cast<const uint4*>(dout + col);
         const uint4 y = *reinterpret_cast<const uint4*>(out + col);
         const T* xs = reinterpret_cast<const T*>(&x);
@@ -100,17 +101,27 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
       rows.zero_fill(static_cast<T*>(p.dq) + h * p.dq_head_stride, p.dq_row_stride, p.head_dim, nullptr, first, stride);
     }
   }
-  // No query or no key rows (run_bwd launches no main kernel then): every gradient row is zero.
+  // No query or no key rows (run_bwd launches no main kernel then): every gradient row is zero. dQ and dK
+  // rows are head_dim wide, dV rows value_head_dim: walked as dQ, dK, dV.
   if (p.total_q == 0 || p.total_k == 0) {
-    const int vecs_per_row = p.head_dim / kVec;
+    const int vecs_per_row = p.head_dim / kVec, v_vecs_per_row = value_head_dim(p) / kVec;
     const int64_t q_vecs = int64_t(p.num_heads) * p.total_q * vecs_per_row;
-    const int64_t vecs = q_vecs + 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
+    const int64_t k_vecs = int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
+    const int64_t vecs = q_vecs + k_vecs + int64_t(p.num_heads_k) * p.total_k * v_vecs_per_row;
     for (int64_t i = first; i < vecs; i += stride) {
-      const bool dq = i < q_vecs;
-      const RowVec v = dq ? row_vec(i, vecs_per_row, p.total_q, p.num_heads)
-                          : row_vec(i - q_vecs, vecs_per_row, p.total_k, p.num_heads_k);
-      T* row = dq ? dq_row<T>(p, v.row, v.head) : dkv_row<T>(p, v.kind, v.row, v.head);
-      *reinterpret_cast<uint4*>(row + v.col) = make_uint4(0, 0, 0, 0);
+      T* row;
+      int col;
+      if (i < q_vecs) {
+        const RowVec v = row_vec(i, vecs_per_row, p.total_q, p.num_heads);
+        row = dq_row<T>(p, v.row, v.head), col = v.col;
+      } else if (i < q_vecs + k_vecs) {
+        const RowVec v = row_vec(i - q_vecs, vecs_per_row, p.total_k, p.num_heads_k);
+        row = dkv_row<T>(p, 0, v.row, v.head), col = v.col;
+      } else {
+        const RowVec v = row_vec(i - q_vecs - k_vecs, v_vecs_per_row, p.total_k, p.num_heads_k);
+        row = dkv_row<T>(p, 1, v.row, v.head), col = v.col;
+      }
+      *reinterpret_cast<uint4*>(row + col) = make_uint4(0, 0, 0, 0);
     }
     return;
   }
@@ -118,7 +129,8 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
     const UncoveredRows rows(p.cu_seqlens_k, p.batch, p.total_k);
     for (int h = 0; h < p.num_heads_k; ++h) {
       rows.zero_fill(static_cast<T*>(p.dk) + h * p.dk_head_stride, p.dk_row_stride, p.head_dim, nullptr, first, stride);
-      rows.zero_fill(static_cast<T*>(p.dv) + h * p.dv_head_stride, p.dv_row_stride, p.head_dim, nullptr, first, stride);
+      rows.zero_fill(static_cast<T*>(p.dv) + h * p.dv_head_stride, p.dv_row_stride, value_head_dim(p), nullptr, first,
+                     stride);
     }
   }
 }
@@ -269,7 +281,7 @@ __global__ void __launch_bounds__(kThreads) convert_dkv_kernel(const __grid_cons
   const int64_t vecs = 2 * int64_t(p.num_heads_k) * p.total_k * vecs_per_row;
   for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < vecs; i += int64_t(gridDim.x) * kThreads) {
     const RowVec v = row_vec(i, vecs_per_row, p.total_k, p.num_heads_k);
-    if (v.col >= p.head_dim) continue;
+    if (v.col >= (v.kind == 0 ? p.head_dim : value_head_dim(p))) continue;  // dV: d_v wide
     convert8(p.dq_accum + bwd_dkv_accum_offset(p, bucket, v.kind, v.head, v.row) + v.col,
              v.kind == 0 ? p.softmax_scale : 1.f, dkv_row<T>(p, v.kind, v.row, v.head) + v.col);
   }

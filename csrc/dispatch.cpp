@@ -434,6 +434,24 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
   return cudaSuccess;
 }
 
+bool bwd_serves_head_dim_v(const BwdParams& p) {
+  if (p.head_dim_v == 0 || p.head_dim_v == p.head_dim) return true;
+  if ((p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) || p.head_dim <= 0 || p.head_dim > 256 ||
+      p.head_dim % 8 != 0 || p.head_dim_v < 0 || p.head_dim_v > p.head_dim || p.head_dim_v % 8 != 0) {
+    return false;  // what run_bwd refuses (fwd_params_problem)
+  }
+  const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
+  if (bucket == 0) return false;
+  std::string backend;
+  if (!requested_backend(&backend)) {
+    last_error.clear();  // run_bwd says it
+    return false;
+  }
+  // The Hopper backward reads dO and V through d_v-wide TMA extents (sm90/bwd_launch.h); the SM80 one takes one
+  // head dim. With no query or no key rows the preprocess alone runs, which takes both.
+  return p.total_q == 0 || p.total_k == 0 || bwd_on_sm90(kernels(bucket, p.dtype), p, backend);
+}
+
 bool fwd_serves_head_dim_v(const FwdParams& p) {
   if (p.head_dim_v == 0 || p.head_dim_v == p.head_dim) return true;
   if ((p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) || p.head_dim <= 0 || p.head_dim > 256 ||
@@ -541,20 +559,23 @@ cudaError_t run_bwd(const BwdParams& p, cudaStream_t stream) {
   if (problem.empty() && (has_kv_cache(p) || p.kv_splits > 1)) {
     problem = "the backward takes no KV-cache fields (seqused_k, leftpad_k, kv_batch_idx, page_table) or kv_splits";
   }
-  if (problem.empty() && p.head_dim_v != 0 && p.head_dim_v != p.head_dim) {
-    problem = "the backward takes one head dim (head_dim_v 0 or head_dim): pad v, out and dout to q's head dim";
-  }
   if (problem.empty() && p.dsink != nullptr && p.sink == nullptr) problem = "dsink needs sink (the forward's sinks)";
   if (!problem.empty()) return fail(cudaErrorInvalidValue, problem);
   if (cudaError_t err = pending_error()) return err;
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   if (bucket == 0) return no_kernel(p, "backward");
+  std::string backend;
+  if (!requested_backend(&backend)) return cudaErrorInvalidValue;  // its own error, before the head dims'
+  if (!bwd_serves_head_dim_v(p)) {
+    return fail(cudaErrorNotSupported,
+                "head_dim_v " + std::to_string(p.head_dim_v) + " with head_dim " + std::to_string(p.head_dim) +
+                    ": the Hopper backward (sm_90) takes a narrower v; elsewhere pad v, out and dout to q's head dim "
+                    "(the zero columns change no gradient; cut dv's off)");
+  }
   // With no query or no key rows the preprocess alone writes the (zero) gradients: TMA descriptors need
   // nonzero extents.
   BwdLauncher bwd = nullptr;
   cudaError_t err = cudaSuccess;
-  std::string backend;
-  if (!requested_backend(&backend)) return cudaErrorInvalidValue;
   const Kernels& k = kernels(bucket, p.dtype);
   if (p.total_q > 0 && p.total_k > 0 && (bwd = pick_bwd(k, p, backend, &err)) == nullptr) return err;
   LaunchPlan plan;

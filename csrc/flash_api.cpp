@@ -480,7 +480,8 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   run_fwd_with_splits(p, q);
 }
 
-// Gradients into preallocated dq (q's shape), dk and dv (k's shape); every tensor but lse kernel-ready.
+// Gradients into preallocated dq (q's shape), dk (k's) and dv (v's; dout has out's): every tensor but lse
+// kernel-ready. v, out and dout narrower than q and k (MLA) where run_bwd takes them (bwd_serves_head_dim_v).
 void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
              Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
@@ -506,8 +507,9 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   check_tensor(dq, "dq", dim, q, q.scalar_type());
   check_tensor(dk, "dk", dim, q, q.scalar_type());
   check_tensor(dv, "dv", dim, q, q.scalar_type());
-  TORCH_CHECK(dout.sizes() == q.sizes() && dq.sizes() == q.sizes(), "flash_attn2: dout and dq must have q's shape");
-  TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(), "flash_attn2: dk and dv must have k's shape");
+  TORCH_CHECK(dout.sizes() == out.sizes() && dq.sizes() == q.sizes(),
+              "flash_attn2: dout must have out's shape and dq q's");
+  TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == v.sizes(), "flash_attn2: dk and dv must have k's and v's shapes");
   TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
   const c10::cuda::CUDAGuard guard(q.device());
 
@@ -597,6 +599,36 @@ std::tuple<Tensor, Tensor, Tensor> fwd(const Tensor& q, const Tensor& k, const T
   return {unpadded(out, head_dim_v), lse, rng_state};
 }
 
+// Whether the backward takes v, out and dout at their own head dim (narrower than q's: MLA) without padding them:
+// the Hopper backward (dispatch.cpp: bwd_serves_head_dim_v, from the fields it reads), d_v a multiple of 8 (TMA's
+// 16-byte rows: both head dims as kernel_ready rounds them up to 8), and dout's strides as kernel_ready leaves them
+// readable by TMA (its own where aligned, else a contiguous copy's). On q's device, as run_bwd will ask.
+bool bwd_takes_head_dim_v(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const OptTensor& cu_seqlens_q) {
+  auto round8 = [](int64_t d) { return (d + 7) / 8 * 8; };
+  const int64_t head_dim = round8(q.size(-1)), head_dim_v = round8(v.size(-1));
+  const bool varlen = cu_seqlens_q.has_value();
+  if (head_dim_v >= head_dim || dout.dim() != (varlen ? 3 : 4)) return false;
+  // kernel_ready's dout: dout itself where aligned, else a contiguous copy (head dim head_dim_v).
+  const bool as_is = dout.size(-1) % 8 == 0 && aligned(dout);
+  const int64_t heads = dout.size(-2), rows = varlen ? dout.size(0) : dout.size(1);
+  const int64_t head_stride = as_is ? dout.stride(-2) : head_dim_v;
+  const int64_t row_stride = as_is ? dout.stride(varlen ? 0 : 1) : heads * head_dim_v;
+  const int64_t batch_stride = varlen ? 0 : as_is ? dout.stride(0) : rows * heads * head_dim_v;
+  static const int kAnyCuSeqlens = 0;  // only compared with nullptr (run_bwd reads the real one)
+  const c10::cuda::CUDAGuard guard(q.device());
+  flash_attn2::BwdParams p{};
+  p.dtype = q.scalar_type() == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat16;
+  p.batch = varlen ? int(cu_seqlens_q->numel() - 1) : int(q.size(0));
+  p.num_heads = int(q.size(-2)), p.num_heads_k = int(k.size(-2));
+  p.head_dim = int(head_dim), p.head_dim_v = int(head_dim_v);
+  p.total_q = varlen ? q.size(0) : int64_t(q.size(0)) * q.size(1);
+  p.total_k = varlen ? k.size(0) : int64_t(k.size(0)) * k.size(1);
+  p.cu_seqlens_q = varlen ? &kAnyCuSeqlens : nullptr;
+  p.do_row_stride = row_stride, p.do_head_stride = head_stride, p.do_batch_stride = batch_stride;
+  return flash_attn2::bwd_serves_head_dim_v(p);
+}
+
 // dsink: (nheads,) in learnable_sink's dtype with one, else empty fp32.
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                                const Tensor& out, const Tensor& lse, const OptTensor& cu_seqlens_q,
@@ -606,9 +638,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
                                                const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
                                                const OptTensor& rng_state, const OptTensor& learnable_sink) {
   const int64_t head_dim = q.size(-1), head_dim_v = v.size(-1);
-  if (head_dim_v != head_dim) {
-    // The backward takes one head dim: the narrower side zero-padded (the forward's pair kernel or padding gave the
-    // same out), the padded columns' gradients cut off into gradients laid out as grad_like says.
+  if (head_dim_v != head_dim && !bwd_takes_head_dim_v(dout, q, k, v, cu_seqlens_q)) {
+    // Elsewhere the backward takes one head dim: the narrower side zero-padded (the forward's pair kernel or padding
+    // gave the same out), the padded columns' gradients cut off into gradients laid out as grad_like says.
     const int64_t wide = std::max(head_dim, head_dim_v);
     auto widen = [wide](const Tensor& t) { return t.size(-1) == wide ? t : at::constant_pad_nd(t, {0, wide - t.size(-1)}); };
     auto [dq, dk, dv, dsink] = bwd(widen(dout), widen(q), widen(k), widen(v), widen(out), lse, cu_seqlens_q,
@@ -631,7 +663,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
           deterministic, dropout_p, rng_state, learnable_sink, dsink);
-  return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim),
+  return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim_v),
           dsink.has_value() ? dsink->to(learnable_sink->scalar_type()) : at::empty({0}, q.options().dtype(at::kFloat))};
 }
 

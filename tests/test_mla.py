@@ -68,6 +68,61 @@ def test_mla_head_dims(d_qk, d_v, causal):
         assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["dense", "varlen", "deterministic", "fixed_fp16"])
+def test_mla_backward_reads_v_unpadded(case):
+    """On the Hopper backward (192, 128) reads v, out and dout at d_v: no padded copies before it and none of dv after
+    it (no copy or fill kernel in the backward's profile; TMA fills dO's and V's columns past d_v with zeros), with
+    the reference's gradients under the 2x rule: one GQA causal sequence and varlen (a sequence with queries and no
+    keys, one with fewer keys than queries), where GQA's head splits add dV into an fp32 accumulator converted at
+    d_v; deterministic (no head splits: dV stored from the block, clipped at d_v);
+    fixed length (batch strides) in fp16."""
+    dtype = torch.float16 if case == "fixed_fp16" else torch.bfloat16
+    if not (torch.cuda.get_device_capability() == (9, 0) and 192 in flash_attn2.compiled_head_dims(dtype)
+            and "_90" in str(flash_attn2._ops.ext.built_archs) and os.environ.get("FLASH_ATTN2_BACKEND") != "sm80"):
+        pytest.skip("the Hopper backward at head dim 192 (an sm_90 GPU, the build's sm_90 code)")
+    torch.manual_seed(0)
+    lens_q, lens_k = ((300, 40, 129), (517, 0, 64)) if case == "varlen" else ((300,), (517,))
+    q = torch.randn(sum(lens_q), 8, 192, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(sum(lens_k), 2, 192, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=dtype, requires_grad=True)
+    cu = lambda lens: torch.tensor([0, *lens], device="cuda").cumsum(0).to(torch.int32)  # noqa: E731
+    if case == "fixed_fp16":  # two sequences of (300, 517) as a (2, s, h, d) batch: batch strides
+        lens_q, lens_k = (300, 300), (517, 517)
+        q, k, v = (torch.randn(2, n, h, d, device="cuda", dtype=dtype).requires_grad_()
+                   for n, h, d in ((300, 8, 192), (517, 2, 192), (517, 2, 128)))
+        out = flash_attn2.flash_attn_func(q, k, v, causal=True)
+    else:
+        out = flash_attn2.flash_attn_varlen_func(q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k),
+                                                 causal=True, deterministic=case == "deterministic")
+    dout = torch.randn_like(out)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("bwd_kernel_sm90" in n for n in names), names
+    assert not any("copy" in n.lower() or "fill" in n.lower() or "pad" in n.lower() for n in names), names
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    if case == "fixed_fp16":  # the batch entries as the loop's sequences
+        q, k, v, dout = (t.detach().flatten(0, 1) for t in (q, k, v, dout))
+        grads = [g.flatten(0, 1) for g in grads]
+    for b, (sq, sk) in enumerate(zip(lens_q, lens_k)):
+        rq, rk = slice(sum(lens_q[:b]), sum(lens_q[:b + 1])), slice(sum(lens_k[:b]), sum(lens_k[:b + 1]))
+        if sk == 0:  # queries without keys: out 0, so their gradients are zeros
+            assert torch.equal(grads[0][rq], torch.zeros_like(grads[0][rq]))
+            continue
+        refs = []
+        for upcast in (True, False):
+            leaves = [t.detach()[r].unsqueeze(0) for t, r in ((q, rq), (k, rk), (v, rk))]
+            leaves = [t.float().requires_grad_() if upcast else t.clone().requires_grad_() for t in leaves]
+            o = mla_ref(*leaves, True, upcast)[0]
+            g_out = dout[rq].unsqueeze(0)
+            refs.append(torch.autograd.grad(o, leaves, g_out.float() if upcast else g_out))
+        for name, g, r, p in zip("qkv", (grads[0][rq], grads[1][rk], grads[2][rk]), refs[0], refs[1]):
+            ok, err, err_pt = within_tolerance(g, r[0], p[0], atol=1e-4)
+            assert ok, f"sequence {b} d{name} error {err} vs PyTorch's {err_pt}"
+
+
 def test_error_names_v_head_dim():
     q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"v's head dim \(v.shape\[-1\]\) must be in 1..256, got 512"):

@@ -52,3 +52,18 @@ for d in (32, 64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM
         flash_attn_func(q, k, v, window_size=window).sum().backward()
 torch.cuda.synchronize()
 print("small: ok")
+# MLA (192, 128): the Hopper backward reads v, out and dout at d_v (TMA's zero fill past it; dV clipped at it), GQA
+# with head splits, varlen with a sequence without keys, deterministic; where the build has head dim 192.
+if _ops.ext.fwd_head_dim_bucket(192, True) == 192:
+    for det in (False, True):
+        q = torch.randn(2, 150, 8, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(2, 200, 2, 192, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(2, 200, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        flash_attn_func(q, k, v, causal=True, deterministic=det).sum().backward()
+        cu_q = torch.tensor([0, 100, 140, 150], device="cuda", dtype=torch.int32)
+        cu_k = torch.tensor([0, 120, 120, 200], device="cuda", dtype=torch.int32)
+        qv = q.detach()[0].clone().requires_grad_()
+        kv, vv = k.detach()[0].clone().requires_grad_(), v.detach()[0].clone().requires_grad_()
+        flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, 100, 120, causal=True, deterministic=det).sum().backward()
+    torch.cuda.synchronize()
+    print("mla: ok")

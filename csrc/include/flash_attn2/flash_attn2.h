@@ -146,7 +146,8 @@ struct FwdParams {
 
   // V's and out's head dim where it differs from q's and k's (MLA: d_v < d_qk; a multiple of 8), or 0 for
   // head_dim. The forward runs it where fwd_serves_head_dim_v says so (the Hopper path's pair kernels that the build
-  // names: FLASH_ATTN2_HEAD_DIM_PAIRS) and refuses it elsewhere; run_bwd refuses it (pad v, out and dout to
+  // names: FLASH_ATTN2_HEAD_DIM_PAIRS) and refuses it elsewhere; the backward (dout and dv d_v wide too) where
+  // bwd_serves_head_dim_v says so (the Hopper backward) and refuses it elsewhere (there, pad v, out and dout to
   // head_dim: the zero columns change no gradient, and dv's are cut off).
   int head_dim_v = 0;
 };
@@ -199,6 +200,11 @@ int fwd_head_dim_bucket(int head_dim, DType dtype);
 // head dims' buckets and dtype, the call takes the Hopper forward (an sm_90 GPU, FLASH_ATTN2_BACKEND not sm80)
 // and not the split-KV one (no KV cache fields, more than 64 packed query rows or dropout).
 bool fwd_serves_head_dim_v(const FwdParams& params);
+
+// Whether run_bwd runs params' head_dim_v (true where it is 0 or head_dim): the call takes the Hopper backward (an
+// sm_90 GPU, the build's Hopper backward for the head dim's bucket, FLASH_ATTN2_BACKEND not sm80, TMA-readable dout
+// strides), or has no query or no key rows.
+bool bwd_serves_head_dim_v(const BwdParams& params);
 
 // The key splits run_fwd will use for params given a split_accum (>= 1; 1: no split): kv_splits, or where it is
 // 0 a choice from the shapes and the current device's SM count less FLASH_ATTN2_SM_MARGIN (never from device

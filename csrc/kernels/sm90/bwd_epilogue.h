@@ -12,6 +12,7 @@
 #include <cute/tensor.hpp>
 
 #include "flash_attn2/flash_attn2.h"
+#include "common/head_dims.h"
 #include "common/utils.h"
 #include "sm90/tma.h"
 
@@ -21,10 +22,11 @@ namespace flash_attn2::sm90 {
 // added into the fp32 accumulators dk_acc / dv_acc, rows of kHeadDim from the key block's first key. Keys at
 // or past `keys` (those left in the sequence) are clipped. (keys, D) accumulators add two columns per
 // reduction; transposed ones (D, keys) one element per atomic (consecutive keys are a row apart), columns
-// from col0, past head_dim clipped.
+// from col0, past head_dim (dK) and head_dim_v (dV) clipped. (The (keys, D) accumulators' rows are kHeadDim wide
+// whatever the head dims; the conversion reads the columns it writes.)
 template <bool kTransposed, int kHeadDim, class TensorK, class TensorV, class TensorC>
 __device__ __forceinline__ void add_dkv_shares(const TensorK& dK, const TensorV& dV, const TensorC& coord, int key0, int col0,
-                               int len_k, int head_dim, float* dk_acc, float* dv_acc) {
+                               int len_k, int head_dim, int head_dim_v, float* dk_acc, float* dv_acc) {
   using namespace cute;
   if constexpr (!kTransposed) {
     CUTE_UNROLL
@@ -45,10 +47,8 @@ __device__ __forceinline__ void add_dkv_shares(const TensorK& dK, const TensorV&
       CUTE_UNROLL
       for (int c = 0; c < size<1>(dK); ++c) {
         const int key = key0 + get<1>(coord(r, c));
-        if (key < len_k && col < head_dim) {
-          atomicAdd(dk_acc + int64_t(key) * kHeadDim + col, dK(r, c));
-          atomicAdd(dv_acc + int64_t(key) * kHeadDim + col, dV(r, c));
-        }
+        if (key < len_k && col < head_dim) atomicAdd(dk_acc + int64_t(key) * kHeadDim + col, dK(r, c));
+        if (key < len_k && col < head_dim_v) atomicAdd(dv_acc + int64_t(key) * kHeadDim + col, dV(r, c));
       }
     }
   }
@@ -75,14 +75,15 @@ __device__ __forceinline__ void stage_dkv(const TiledMma& mma, int thread, const
 }
 
 // The staged rows (sdK, sdV: (keys, D) from first_key, `rows` of them left in the sequence) to dK and dV as
-// 16-byte row stores by `threads` threads, keys past the sequence and columns past head_dim clipped.
+// 16-byte row stores by `threads` threads, keys past the sequence and columns past head_dim (dV: the value side's,
+// common/head_dims.h) clipped.
 template <class Element, class Work, class SmemK, class SmemV>
 __device__ __forceinline__ void store_dkv_rows(const BwdParams& p, const Work& work, const SmemK& sdK, const SmemV& sdV,
                                                int first_key, int rows, int thread, int threads) {
   store_rows(sdK, work.template dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride, rows,
              p.head_dim, thread, threads);
   store_rows(sdV, work.template dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride, rows,
-             p.head_dim, thread, threads);
+             value_head_dim(p), thread, threads);
 }
 
 }  // namespace flash_attn2::sm90

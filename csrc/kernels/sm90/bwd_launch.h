@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/bwd_workspace.h"
+#include "common/head_dims.h"
 #include "common/launch.h"
 #include "common/launchers.h"
 #include "sm90/bwd_kernel.h"
@@ -35,6 +36,11 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, const LaunchPlan& plan, c
   auto kernel = &bwd_kernel_sm90<Traits, kExtended, kDropout>;
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes, plan.device)) return err;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape<false>(p);
+  // dO and V through extents of the value side's head dim (MLA: d_v < d_qk, common/head_dims.h): the tiles stay
+  // kHeadDim wide and TMA fills the columns past d_v with zeros, which add nothing to dP = dO V^T and give dV
+  // columns of zeros that the epilogue clips; no padded copies of v, out and dout.
+  const int head_dim_v = value_head_dim(p);
+  const auto shape_do = sm90::tma_shape<true>(p, head_dim_v), shape_v = sm90::tma_shape<false>(p, head_dim_v);
   const int64_t rows_extent = bwd_tile_counter_offset(p);  // D and LSE
   if (rows_extent > INT_MAX) return cudaErrorInvalidValue;  // TMA coordinates are int
   sm90::tma_encode_failed = false;
@@ -53,11 +59,11 @@ cudaError_t launch_bwd_sm90_traits(const BwdParams& p, const LaunchPlan& plan, c
       p,
       sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.q, shape_q, p.q_row_stride, p.q_head_stride,
                                                     p.q_batch_stride, smem_q, typename Traits::TileQ{}),
-      sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.dout, shape_q, p.do_row_stride, p.do_head_stride,
+      sm90::make_tma<Traits, typename Traits::TmaQ>(SM90_TMA_LOAD{}, p.dout, shape_do, p.do_row_stride, p.do_head_stride,
                                                     p.do_batch_stride, smem_q, typename Traits::TileQ{}),
       sm90::make_tma<Traits, typename Traits::TmaK>(SM90_TMA_LOAD{}, p.k, shape_k, p.k_row_stride, p.k_head_stride,
                                                     p.k_batch_stride, typename Traits::SmemLayoutK{}, typename Traits::TileKV{}),
-      sm90::make_tma<Traits, typename Traits::TmaV>(SM90_TMA_LOAD{}, p.v, shape_k, p.v_row_stride, p.v_head_stride,
+      sm90::make_tma<Traits, typename Traits::TmaV>(SM90_TMA_LOAD{}, p.v, shape_v, p.v_row_stride, p.v_head_stride,
                                                      p.v_batch_stride, typename Traits::SmemLayoutV{}, typename Traits::TileKV{}),
       tma_dq,
       make_tma_rows<Traits>(p.softmax_d, rows_extent),

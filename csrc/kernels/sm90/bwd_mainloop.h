@@ -274,7 +274,8 @@ __device__ void bwd_consume(const BwdArgsSm90<Traits>& args, typename Traits::Sh
     float* dk_acc = work.dkv_accum(p, 0);
     float* dv_acc = work.dkv_accum(p, 1);
     barrier_arrive(&smem.kv_empty);  // the last dQ = dS K is done with K (finish_dq waited for it)
-    add_dkv_shares</*kTransposed=*/false, kHeadDim>(dK, dV, tdKcdK, key0, 0, seq.len_k, p.head_dim, dk_acc, dv_acc);
+    add_dkv_shares</*kTransposed=*/false, kHeadDim>(dK, dV, tdKcdK, key0, 0, seq.len_k, p.head_dim, value_head_dim(p), dk_acc,
+                                                     dv_acc);
     return;
   }
   // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row

@@ -243,7 +243,7 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     float* dv_acc = work.dkv_accum(p, 1);
     barrier_arrive(&smem.kv_empty);  // the last dQ part was waited for: K and V are free
     add_dkv_shares</*kTransposed=*/true, kHeadDim>(dKt, dVt, tdKcdK, n_block * kBlockN, wg * kDRows, seq.len_k,
-                                                   p.head_dim, dk_acc, dv_acc);
+                                                   p.head_dim, value_head_dim(p), dk_acc, dv_acc);
     return;
   }
   // Else dK = scale dS^T Q and dV in the input dtype, through shared memory for coalesced 16-byte row

@@ -10,6 +10,7 @@
 #include "flash_attn2/flash_attn2.h"
 #include "common/block_range.h"
 #include "common/bwd_workspace.h"
+#include "common/head_dims.h"
 #include "common/seqlen.h"
 #include "common/tile_scheduler.h"
 #include "common/utils.h"
@@ -125,7 +126,7 @@ struct BwdWork {
     clear_rows<kRows>(dkv_out<Element>(p, 0) + int64_t(first_key) * p.dk_row_stride, p.dk_row_stride,
                       seq.len_k - first_key, p.head_dim, thread, threads);
     clear_rows<kRows>(dkv_out<Element>(p, 1) + int64_t(first_key) * p.dv_row_stride, p.dv_row_stride,
-                      seq.len_k - first_key, p.head_dim, thread, threads);
+                      seq.len_k - first_key, value_head_dim(p), thread, threads);
   }
 };
 
