@@ -245,6 +245,51 @@ def test_varlen_decode_split(head_dim, heads, heads_k, hint, causal):
 
 
 @gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c["num_splits"] != 1], ids=_case_id)
+def test_flash_attn_kvcache_cluster_combine(case, monkeypatch):
+    """The same cases with the splits merged inside a thread block cluster (FLASH_ATTN2_SPLIT_COMBINE=cluster:
+    the narrow kernel's fixed-length calls of 2-8 splits on sm_90; the others keep the combine kernel)."""
+    monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
+    _run_case(case)
+
+
+def is_sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@gpu
+@pytest.mark.parametrize("splits", [2, 3, 5, 8, 9])
+@pytest.mark.parametrize("heads,heads_k,seqlen_q", [(32, 8, 1), (8, 8, 1), (16, 2, 2), (6, 1, 2)])
+def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
+    """The cluster combine runs where it should (no combine kernel: 2-8 splits on sm_90; 9 takes the kernel), with
+    the combine kernel's answers: a row without keys (cache length 0) gets 0 and -inf, or the sink and 0; splits
+    without keys (length 5) drop out; every output finite; packed rows 1-16 a tile."""
+    require_kernel(128, torch.bfloat16)
+    torch.manual_seed(splits * 100 + heads + seqlen_q)
+    q = randn(3, seqlen_q, heads, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = randn(3, 1000, heads_k, 128, dtype=torch.bfloat16), randn(3, 1000, heads_k, 128, dtype=torch.bfloat16)
+    lens = (0, 5, 1000)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for sink in (None, torch.randn(heads, device="cuda") * 3):
+        def call():
+            return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=splits,
+                                           learnable_sink=sink, return_softmax_lse=True)
+        monkeypatch.delenv("FLASH_ATTN2_SPLIT_COMBINE", raising=False)
+        out_k, lse_k = call()
+        monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
+        (out, lse), names = kernels_run(call)
+        clustered = is_sm90() and splits <= 8
+        assert ("fwd_combine_kernel" in names) != clustered, names
+        for b, n in enumerate(lens):
+            ref, ref_lse = attention_ref(q[b:b + 1].float(), k_cache[b:b + 1, :n].float(), v_cache[b:b + 1, :n].float(),
+                                         sink=sink)
+            assert max_error(out[b:b + 1], ref) <= 2e-2 and max_error(lse[b:b + 1], ref_lse) <= LSE_ATOL, (b, n)
+        assert torch.isfinite(out).all() and torch.equal(out[0], torch.zeros_like(out[0]))
+        assert bool((lse[0] == -math.inf).all()) if sink is None else torch.allclose(lse[0, :, 0], sink)
+        assert max_error(lse, lse_k) <= 1e-5 and max_error(out, out_k) <= 1e-2  # the kernel's answer, to rounding
+
+
+@gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 def test_splits_forced_and_empty(dtype):
     """128 splits over a short cache leave most splits empty; rows with no key (cache_seqlens 0) get 0 and -inf."""

@@ -18,6 +18,10 @@ __host__ __device__ inline int split_pack(const FwdParams& p) {
   return p.alibi_slopes == nullptr ? p.num_heads / p.num_heads_k : 1;
 }
 
+// The most splits the narrow kernel merges inside a thread block cluster (sm_90's portable cluster size;
+// sm80/fwd_split_kernel.h: cluster_combine); more take the combine kernel.
+constexpr int kMaxClusterSplits = 8;
+
 // Grid: x the packed query tiles, y the splits, z (batch, head group).
 struct SplitGrid {
   int m_blocks, splits;

@@ -16,16 +16,29 @@ namespace flash_attn2 {
 
 // The narrow tile's kernel (decode with at most 16 packed rows, head dim <= 128): one 16-row tile per (split,
 // batch entry, head group); with varlen a longer sequence than max_seqlen_q says loops over more.
+// With plan.cluster_combine (dispatch.cpp: 2 to kMaxClusterSplits splits of a fixed-length call on sm_90), the
+// splits of a tile run as one cluster and merge there (fwd_split_kernel.h: cluster_combine): one kernel, no
+// partials in global memory.
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
   using Traits = FwdSplitNarrowTraits<kHeadDim, ElementOf<kDType>, fwd_split_narrow_stages(kHeadDim)>;
-  auto kernel = is_extended(plan.kind) ? &fwd_split_narrow_kernel<Traits, true> : &fwd_split_narrow_kernel<Traits, false>;
+  const bool extended = is_extended(plan.kind);
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (grid.groups == 0) return cudaSuccess;
   if (grid.splits > 65535) return cudaErrorInvalidValue;
   const unsigned z = unsigned(grid.groups < 65535 ? grid.groups : 65535);  // the kernel loops over the rest
+  if (plan.cluster_combine && plan.kv_splits >= 2 && plan.kv_splits <= kMaxClusterSplits &&
+      params.cu_seqlens_q == nullptr) {
+    auto clustered = extended ? &fwd_split_narrow_kernel<Traits, true, true> : &fwd_split_narrow_kernel<Traits, false, true>;
+    if (cluster_launchable(clustered)) {
+      if (cudaError_t err = allow_tile_smem(clustered, kSmemBytes, plan.device)) return err;
+      return launch_cluster_after(clustered, dim3(grid.m_blocks, grid.splits, z), dim3(1, grid.splits, 1), dim3(128),
+                                  kSmemBytes, stream, params);
+    }
+  }
+  auto kernel = extended ? &fwd_split_narrow_kernel<Traits, true> : &fwd_split_narrow_kernel<Traits, false>;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, z), dim3(128), kSmemBytes, stream,
                                      params)) {
     return err;
