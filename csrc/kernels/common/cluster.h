@@ -1,4 +1,4 @@
-// Thread block clusters (sm_90+): the barrier over a cluster's blocks and loads from a peer block's shared memory
+// Thread block clusters (sm_90+): barriers over a cluster's blocks and loads from a peer block's shared memory
 // (distributed shared memory). The split-KV narrow kernel's cluster combine uses them (sm80/fwd_split_kernel.h):
 // a cluster's blocks are one tile's key splits, and they merge their partial results in shared memory instead of
 // writing them to global memory for a second kernel. Code generated for older archs traps: its launcher launches
@@ -14,7 +14,8 @@ namespace flash_attn2 {
 #endif
 
 // Every thread of every block in the cluster arrives (release: its shared-memory writes before it are visible to
-// the peers' loads after their wait) and waits (acquire).
+// the peers' loads after their wait) and waits (acquire). ptxas makes the release a MEMBAR.ALL.GPU: the arrive
+// waits for the thread's outstanding global stores too.
 __device__ __forceinline__ void cluster_barrier() {
 #ifdef FLASH_ATTN2_CLUSTERS
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
@@ -24,15 +25,15 @@ __device__ __forceinline__ void cluster_barrier() {
 #endif
 }
 
-// This block's rank in its cluster.
-__device__ __forceinline__ int cluster_rank() {
+// The same without the release, for a barrier that orders no writes: one that keeps a block's shared memory until
+// its peers are done reading it (their loads' values are used before they arrive), which need not wait for the
+// global stores before it.
+__device__ __forceinline__ void cluster_barrier_relaxed() {
 #ifdef FLASH_ATTN2_CLUSTERS
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-  return int(rank);
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
 #else
   __trap();
-  return 0;
 #endif
 }
 

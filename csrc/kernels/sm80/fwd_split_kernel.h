@@ -164,8 +164,10 @@ __device__ __forceinline__ void mask_queries(TensorS& S, const Coord& coord, con
 // with several splits, the rows below the hint (seqlen_q: varlen's max_seqlen_q) in tiles that stop at it, each split
 // its share of the keys into partials; then the rows past the hint (a varlen sequence longer than the hint says),
 // which have no partial rows to go to, by split 0 alone over all keys, written out directly. With one split, every
-// row directly. The grid's tiles loop (blockIdx.x, gridDim.x) over what they do not reach at once.
-template <int kBlockM, class Fn>
+// row directly. The grid's tiles loop (blockIdx.x, gridDim.x) over what they do not reach at once. kSplitTilesOnly
+// (the cluster combine, whose blocks must all meet each tile's cluster barriers): the first loop alone, which is
+// every tile of a fixed-length call of 2+ splits (rows is seqlen_q * pack there); the launcher clusters no other.
+template <int kBlockM, bool kSplitTilesOnly = false, class Fn>
 __device__ __forceinline__ void for_each_split_tile(const FwdParams& p, int64_t rows, int pack, int split, int splits,
                                                     Fn&& fn) {
   const int64_t step = int64_t(gridDim.x) * kBlockM;
@@ -173,9 +175,11 @@ __device__ __forceinline__ void for_each_split_tile(const FwdParams& p, int64_t 
   for (int64_t row0 = int64_t(blockIdx.x) * kBlockM; row0 < hint_rows; row0 += step) {
     fn(row0, min(row0 + kBlockM, hint_rows), false);
   }
-  if (split != 0) return;
-  for (int64_t row0 = hint_rows + int64_t(blockIdx.x) * kBlockM; row0 < rows; row0 += step) {
-    fn(row0, min(row0 + kBlockM, rows), true);
+  if constexpr (!kSplitTilesOnly) {
+    if (split != 0) return;
+    for (int64_t row0 = hint_rows + int64_t(blockIdx.x) * kBlockM; row0 < rows; row0 += step) {
+      fn(row0, min(row0 + kBlockM, rows), true);
+    }
   }
 }
 
@@ -483,7 +487,7 @@ __device__ __forceinline__ void cluster_combine(const FwdParams& p, const SplitS
     static_cast<Element*>(p.out)[seq.o_offset(p, query_of(row), head_of(row)) + col] = Element(o);
     if (col == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
   }
-  cluster_barrier();  // no block leaves, or reuses its shared memory, while a peer reads it
+  cluster_barrier_relaxed();  // no block leaves, or reuses its shared memory, while a peer reads it
 }
 
 // One 16-row tile of packed rows [row0, row_end) (fwd_split_tile's arguments). kCluster: the splits merge in the
@@ -678,8 +682,8 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
     const int bidb = int(z / groups), head0 = int(z % groups) * pack;
     split_zero_uncovered<typename Traits::Element>(params, bidb, head0, pack, 128);
     const SplitSeq seq(params, bidb);
-    for_each_split_tile<Traits::kBlockM>(params, int64_t(seq.len_q) * pack, pack, split, splits,
-                                         [&](int64_t row0, int64_t row_end, bool direct) {
+    for_each_split_tile<Traits::kBlockM, kCluster>(params, int64_t(seq.len_q) * pack, pack, split, splits,
+                                                   [&](int64_t row0, int64_t row_end, bool direct) {
       __syncthreads();  // the previous tile's merge is done with shared memory
       fwd_split_narrow_tile<Traits, kExtended, kCluster>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
     });

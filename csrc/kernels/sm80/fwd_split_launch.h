@@ -31,11 +31,14 @@ cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& p
   if (plan.cluster_combine && plan.kv_splits >= 2 && plan.kv_splits <= kMaxClusterSplits &&
       params.cu_seqlens_q == nullptr) {
     auto clustered = extended ? &fwd_split_narrow_kernel<Traits, true, true> : &fwd_split_narrow_kernel<Traits, false, true>;
-    if (cluster_launchable(clustered)) {
-      if (cudaError_t err = allow_tile_smem(clustered, kSmemBytes, plan.device)) return err;
-      return launch_cluster_after(clustered, dim3(grid.m_blocks, grid.splits, z), dim3(1, grid.splits, 1), dim3(128),
-                                  kSmemBytes, stream, params);
+    if (cluster_launchable(clustered) && allow_tile_smem(clustered, kSmemBytes, plan.device) == cudaSuccess &&
+        launch_cluster_after(clustered, dim3(grid.m_blocks, grid.splits, z), dim3(1, grid.splits, 1), dim3(128),
+                             kSmemBytes, stream, params) == cudaSuccess) {
+      return cudaSuccess;
     }
+    // Refused (a cluster the GPU cannot place: MPS or green contexts holding SMs of a GPC, ...): the launch error
+    // is not sticky; clear it and take the combine kernel.
+    (void)cudaGetLastError();
   }
   auto kernel = extended ? &fwd_split_narrow_kernel<Traits, true> : &fwd_split_narrow_kernel<Traits, false>;
   if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
