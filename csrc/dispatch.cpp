@@ -350,7 +350,7 @@ bool uses_split_kernel(const FwdParams& p) {
 
 // Whether a split call's narrow kernel merges its splits inside a thread block cluster (launch_fwd_split_narrow)
 // rather than in the combine kernel: under FLASH_ATTN2_SPLIT_COMBINE=cluster (read on every call), on sm_90, for
-// fixed-length calls of 2 to kMaxClusterSplits splits. An experiment until an A/B says otherwise (TUNING 149):
+// fixed-length calls of 2 to kMaxClusterSplits (16) splits. An experiment until an A/B says otherwise (TUNING 149):
 // by default the combine kernel merges.
 bool cluster_combine_wanted(const FwdParams& p, int splits) {
   if (splits < 2 || splits > kMaxClusterSplits || p.cu_seqlens_q != nullptr || !device_is_sm90()) return false;

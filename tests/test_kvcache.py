@@ -249,7 +249,7 @@ def test_varlen_decode_split(head_dim, heads, heads_k, hint, causal):
 @pytest.mark.parametrize("case", [c for c in CASES if c["num_splits"] != 1], ids=_case_id)
 def test_flash_attn_kvcache_cluster_combine(case, monkeypatch):
     """The same cases with the splits merged inside a thread block cluster (FLASH_ATTN2_SPLIT_COMBINE=cluster:
-    the narrow kernel's fixed-length calls of 2-8 splits on sm_90; the others keep the combine kernel)."""
+    the narrow kernel's fixed-length calls of 2-16 splits on sm_90; the others keep the combine kernel)."""
     if not clusters_run():
         pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
     monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
@@ -265,10 +265,11 @@ def clusters_run():
 
 
 @gpu
-@pytest.mark.parametrize("splits", [2, 3, 5, 8, 9])
+@pytest.mark.parametrize("splits", [2, 3, 5, 8, 9, 16, 17])
 @pytest.mark.parametrize("heads,heads_k,seqlen_q", [(32, 8, 1), (8, 8, 1), (16, 2, 2), (6, 1, 2)])
 def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
-    """The cluster combine runs where it should (no combine kernel: 2-8 splits on sm_90; 9 takes the kernel), with
+    """The cluster combine runs where it should (no combine kernel: 2-16 splits on sm_90, 9-16 in clusters past the
+    portable size; 17 takes the kernel), with
     the combine kernel's answers: a row without keys (cache length 0) gets 0 and -inf, or the sink and 0; splits
     without keys (length 5) drop out; every output finite; packed rows 1-16 a tile."""
     require_kernel(128, torch.bfloat16)
@@ -285,7 +286,7 @@ def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
         out_k, lse_k = call()
         monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
         (out, lse), names = kernels_run(call)
-        clustered = clusters_run() and splits <= 8
+        clustered = clusters_run() and splits <= 16
         assert ("fwd_combine_kernel" in names) != clustered, names
         assert bool(re.search(r"fwd_split_narrow_kernel<[^()]*, (true|false), true>", names)) == clustered, names
         for b, n in enumerate(lens):

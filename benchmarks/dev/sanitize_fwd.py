@@ -87,7 +87,7 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
 torch.cuda.synchronize()
 print("kvcache: ok")
 
-# The cluster combine (FLASH_ATTN2_SPLIT_COMBINE=cluster: the narrow kernel's 2-8 splits merged in a cluster, sm_90):
+# The cluster combine (FLASH_ATTN2_SPLIT_COMBINE=cluster: the narrow kernel's 2-16 splits merged in a cluster, sm_90):
 # hostile lengths, empty splits, a sink, the extended kernel, pages.
 os.environ["FLASH_ATTN2_SPLIT_COMBINE"] = "cluster"
 for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
@@ -97,7 +97,8 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
     ints = lambda *x: torch.tensor(x, device="cuda", dtype=torch.int32)  # noqa: E731
     for seqlens, idx in ((ints(0, 10, 75, 76), ints(0, 1, 2, 1)), (ints(-5, 76, 2**31 - 1, 40), ints(-1, 2, 99, 0))):
         for causal, window, softcap, alibi, splits in ((False, (-1, -1), 0.0, None, 2), (True, (-1, -1), 0.0, None, 3),
-                                                       (False, (5, 3), 30.0, torch.rand(8, device="cuda"), 8)):
+                                                       (False, (5, 3), 30.0, torch.rand(8, device="cuda"), 8),
+                                                       (True, (-1, -1), 0.0, None, 13)):
             flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
                                     causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi,
                                     num_splits=splits, learnable_sink=torch.randn(8, device="cuda") if splits == 3 else None)

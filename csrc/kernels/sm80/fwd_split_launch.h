@@ -31,7 +31,9 @@ cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& p
   if (plan.cluster_combine && plan.kv_splits >= 2 && plan.kv_splits <= kMaxClusterSplits &&
       params.cu_seqlens_q == nullptr) {
     auto clustered = extended ? &fwd_split_narrow_kernel<Traits, true, true> : &fwd_split_narrow_kernel<Traits, false, true>;
-    if (cluster_launchable(clustered) && allow_tile_smem(clustered, kSmemBytes, plan.device) == cudaSuccess &&
+    const bool size_ok = plan.kv_splits <= kMaxPortableClusterSplits ||
+                         cudaFuncSetAttribute(clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    if (size_ok && cluster_launchable(clustered) && allow_tile_smem(clustered, kSmemBytes, plan.device) == cudaSuccess &&
         launch_cluster_after(clustered, dim3(grid.m_blocks, grid.splits, z), dim3(1, grid.splits, 1), dim3(128),
                              kSmemBytes, stream, params) == cudaSuccess) {
       return cudaSuccess;
