@@ -266,12 +266,13 @@ def clusters_run():
 
 @gpu
 @pytest.mark.parametrize("splits", [2, 3, 5, 8, 9, 16, 17])
-@pytest.mark.parametrize("heads,heads_k,seqlen_q", [(32, 8, 1), (8, 8, 1), (16, 2, 2), (6, 1, 2)])
+@pytest.mark.parametrize("heads,heads_k,seqlen_q", [(32, 8, 1), (8, 8, 1), (16, 2, 2), (6, 1, 2), (32, 8, 5), (8, 1, 8)])
 def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
     """The cluster combine runs where it should (no combine kernel: 2-16 splits on sm_90, 9-16 in clusters past the
     portable size; 17 takes the kernel), with
     the combine kernel's answers: a row without keys (cache length 0) gets 0 and -inf, or the sink and 0; splits
-    without keys (length 5) drop out; every output finite; packed rows 1-16 a tile."""
+    without keys (length 5) drop out; every output finite; packed rows 1-16 a tile (the narrow kernel) and 20 / 64
+    (the 64-row kernel)."""
     require_kernel(128, torch.bfloat16)
     torch.manual_seed(splits * 100 + heads + seqlen_q)
     q = randn(3, seqlen_q, heads, 128, dtype=torch.bfloat16)
@@ -288,7 +289,7 @@ def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
         (out, lse), names = kernels_run(call)
         clustered = clusters_run() and splits <= 16
         assert ("fwd_combine_kernel" in names) != clustered, names
-        assert bool(re.search(r"fwd_split_narrow_kernel<[^()]*, (true|false), true>", names)) == clustered, names
+        assert bool(re.search(r"fwd_split_(narrow_)?kernel<[^()]*, (true|false), true>", names)) == clustered, names
         for b, n in enumerate(lens):
             ref, ref_lse = attention_ref(q[b:b + 1].float(), k_cache[b:b + 1, :n].float(), v_cache[b:b + 1, :n].float(),
                                          sink=sink)

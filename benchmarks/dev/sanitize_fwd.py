@@ -102,6 +102,11 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
             flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
                                     causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi,
                                     num_splits=splits, learnable_sink=torch.randn(8, device="cuda") if splits == 3 else None)
+    q5 = torch.randn(4, 5, 8, d, **bf16)  # 20 packed rows: the 64-row kernel
+    for splits in (3, 16):
+        flash_attn_with_kvcache(q5, k_cache, v_cache, cache_seqlens=ints(-5, 76, 2**31 - 1, 40),
+                                cache_batch_idx=ints(0, 1, 2, 1), causal=True, num_splits=splits,
+                                learnable_sink=torch.randn(8, device="cuda"))
     k_pages, v_pages = torch.randn(20, 7, 2, d, **bf16), torch.randn(20, 7, 2, d, **bf16)
     table = torch.tensor([[3, -1, -1], [10**6, -5, 19], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
     for splits in (0, 5):

@@ -40,6 +40,9 @@ struct FwdSplitTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   static constexpr int kKVSize = cute::cosize(SmemLayoutKV{});
   // Q (the output tile reuses it), then kStages K buffers, then kStages V buffers.
   static constexpr int kSmemBytes = int(sizeof(Element)) * (kQSize + 2 * kStages * kKVSize);
+  // The cluster combine's O (kBlockM, D) and LSE (kBlockM) of the block's split, over all of it after the mainloop.
+  static constexpr int kClusterBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  static_assert(kClusterBytes <= kSmemBytes, "the cluster combine reuses the tile's shared memory");
 };
 
 // A tensor's layout over another buffer of the same shape: a stage's partition from stage 0's.
@@ -195,9 +198,64 @@ __device__ void split_zero_uncovered(const FwdParams& p, int bidb, int head0, in
   }
 }
 
+// The cluster combine (kCluster): the cluster's blocks are one tile's key splits (block s of the cluster is split
+// s), each holding its split's normalized O (rows, D) and LSE (rows) in shared memory; block s merges rows s,
+// s + splits, ... of all of them into out and lse, as fwd_combine_kernel does from global memory (csrc/fwd_aux.cu:
+// the same NaN and sink rules), each thread's loads from the peers issued before any is used. Batch-1 decode ends in
+// that combine: ~3.3 us after the split kernel at 1 x 1k (4 splits) on an H200, of an 11 us call (TUNING 148), a
+// chain of launch, L2 round trips and a store that a cluster barrier and a round trip to a neighbour SM replace.
+template <class Element, int kHeadDim, class QueryOf, class HeadOf>
+__device__ __forceinline__ void cluster_combine(const FwdParams& p, const SplitSeq& seq, const float* cluster_o,
+                                                const float* cluster_lse, int tile_rows, int split, int splits,
+                                                QueryOf query_of, HeadOf head_of) {
+  constexpr int kMaxSplits = kMaxClusterSplits;
+  cluster_barrier();  // every split's result is in its block's shared memory
+  const int rows_mine = split < tile_rows ? (tile_rows - split + splits - 1) / splits : 0;
+  for (int idx = threadIdx.x; idx < rows_mine * kHeadDim; idx += blockDim.x) {
+    const int row = split + (idx / kHeadDim) * splits, col = idx % kHeadDim;
+    if (col >= p.head_dim) continue;
+    float lse_s[kMaxSplits], o_s[kMaxSplits];
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) {  // all in flight together
+      if (s < splits) {
+        lse_s[s] = cluster_load(cluster_lse + row, s);
+        o_s[s] = cluster_load(cluster_o + row * kHeadDim + col, s);
+      }
+    }
+    // LSE = log sum_s exp(LSE_s): NaN if a split's is NaN and another's finite, -inf if none is finite.
+    float m = -INFINITY;
+    bool nan_seen = false;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) continue;
+      if (lse_s[s] != lse_s[s]) nan_seen = true;
+      else m = fmaxf(m, lse_s[s]);
+    }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits && lse_s[s] != -INFINITY && lse_s[s] == lse_s[s]) sum += expf(lse_s[s] - m);
+    }
+    float lse = m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
+    float unused = 1.f;
+    add_sink(lse, unused, sink_logit(p, head_of(row)));  // once, here: the splits' LSEs leave the sink out
+    float o = 0.f;
+    if (lse != -INFINITY) {
+      CUTE_UNROLL
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s < splits && lse_s[s] != -INFINITY) o += expf(lse_s[s] - lse) * o_s[s];  // a split without keys: skipped
+      }
+    }
+    static_cast<Element*>(p.out)[seq.o_offset(p, query_of(row), head_of(row)) + col] = Element(o);
+    if (col == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
+  }
+  cluster_barrier_relaxed();  // no block leaves, or reuses its shared memory, while a peer reads it
+}
+
 // One 64-row tile of packed rows [row0, row_end) (row_end <= row0 + 64) of batch entry bidb's head group head0: split
-// `split` of `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse.
-template <class Traits, bool kExtended>
+// `split` of `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse; kCluster: the
+// splits merged in the cluster (cluster_combine) instead of partials.
+template <class Traits, bool kExtended, bool kCluster>
 __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
                                                int64_t row0, int64_t row_end, int split, int splits, bool direct) {
   using namespace cute;
@@ -321,6 +379,23 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
     });
   }
   const bool quad_leader = get<1>(tScS(0, 0)) == 0;  // the quad's first thread owns column 0 of its rows
+  if constexpr (kCluster) {  // direct is false here: the launcher clusters fixed-length calls of 2+ splits only
+    float* cluster_o = reinterpret_cast<float*>(smem);                 // (kBlockM, D), over Q, K and V
+    float* cluster_lse = cluster_o + kBlockM * kHeadDim;               // (kBlockM)
+    __syncthreads();  // every warp is done with Q, K and V
+    Tensor O = rowcol_view(acc_o);
+    Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int tile_row = get<0>(tOcO(r, 0));
+      if (tile_row >= tile_rows) continue;
+      if (quad_leader) cluster_lse[tile_row] = row_lse[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(O); ++c) cluster_o[tile_row * kHeadDim + get<1>(tOcO(r, c))] = O(r, c);
+    }
+    cluster_combine<Element, kHeadDim>(params, seq, cluster_o, cluster_lse, tile_rows, split, splits, query_of, head_of);
+    return;
+  }
   if (!direct) {
     // fp32 partials straight from the accumulators: a quad writes 32 contiguous bytes of a row.
     float* accum_o = params.split_accum;
@@ -365,7 +440,8 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   }
 }
 
-template <class Traits, bool kExtended>
+// kCluster: as fwd_split_narrow_kernel's.
+template <class Traits, bool kExtended, bool kCluster = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const __grid_constant__ FwdParams params) {
   // Launched after the kernel before it (launch_after: flash_attn_with_kvcache's update writes the q and the cache
   // rows read here), and lets the combine's blocks launch once every block here has started.
@@ -378,10 +454,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
     const int bidb = int(z / groups), head0 = int(z % groups) * pack;
     split_zero_uncovered<typename Traits::Element>(params, bidb, head0, pack, Traits::kNThreads);
     const SplitSeq seq(params, bidb);
-    for_each_split_tile<Traits::kBlockM>(params, int64_t(seq.len_q) * pack, pack, split, splits,
-                                         [&](int64_t row0, int64_t row_end, bool direct) {
+    for_each_split_tile<Traits::kBlockM, kCluster>(params, int64_t(seq.len_q) * pack, pack, split, splits,
+                                                   [&](int64_t row0, int64_t row_end, bool direct) {
       __syncthreads();  // the previous tile's epilogue is done with shared memory
-      fwd_split_tile<Traits, kExtended>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
+      fwd_split_tile<Traits, kExtended, kCluster>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
     });
   }
 }
@@ -434,60 +510,6 @@ __device__ __forceinline__ void warp_gemm_rs(Mma const& mma, Acc& acc, RegA cons
     if (k + 1 < size<2>(rA)) cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
     cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
   }
-}
-
-// The cluster combine (kCluster): the cluster's blocks are one tile's key splits (block s of the cluster is split
-// s), each holding its split's normalized O (rows, D) and LSE (rows) in shared memory; block s merges rows s,
-// s + splits, ... of all of them into out and lse, as fwd_combine_kernel does from global memory (csrc/fwd_aux.cu:
-// the same NaN and sink rules), each thread's loads from the peers issued before any is used. Batch-1 decode ends in
-// that combine: ~3.3 us after the split kernel at 1 x 1k (4 splits) on an H200, of an 11 us call (TUNING 148), a
-// chain of launch, L2 round trips and a store that a cluster barrier and a round trip to a neighbour SM replace.
-template <class Element, int kHeadDim, class QueryOf, class HeadOf>
-__device__ __forceinline__ void cluster_combine(const FwdParams& p, const SplitSeq& seq, const float* cluster_o,
-                                                const float* cluster_lse, int tile_rows, int split, int splits,
-                                                QueryOf query_of, HeadOf head_of) {
-  constexpr int kMaxSplits = kMaxClusterSplits;
-  cluster_barrier();  // every split's result is in its block's shared memory
-  const int rows_mine = split < tile_rows ? (tile_rows - split + splits - 1) / splits : 0;
-  for (int idx = threadIdx.x; idx < rows_mine * kHeadDim; idx += blockDim.x) {
-    const int row = split + (idx / kHeadDim) * splits, col = idx % kHeadDim;
-    if (col >= p.head_dim) continue;
-    float lse_s[kMaxSplits], o_s[kMaxSplits];
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) {  // all in flight together
-      if (s < splits) {
-        lse_s[s] = cluster_load(cluster_lse + row, s);
-        o_s[s] = cluster_load(cluster_o + row * kHeadDim + col, s);
-      }
-    }
-    // LSE = log sum_s exp(LSE_s): NaN if a split's is NaN and another's finite, -inf if none is finite.
-    float m = -INFINITY;
-    bool nan_seen = false;
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) continue;
-      if (lse_s[s] != lse_s[s]) nan_seen = true;
-      else m = fmaxf(m, lse_s[s]);
-    }
-    float sum = 0.f;
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits && lse_s[s] != -INFINITY && lse_s[s] == lse_s[s]) sum += expf(lse_s[s] - m);
-    }
-    float lse = m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
-    float unused = 1.f;
-    add_sink(lse, unused, sink_logit(p, head_of(row)));  // once, here: the splits' LSEs leave the sink out
-    float o = 0.f;
-    if (lse != -INFINITY) {
-      CUTE_UNROLL
-      for (int s = 0; s < kMaxSplits; ++s) {
-        if (s < splits && lse_s[s] != -INFINITY) o += expf(lse_s[s] - lse) * o_s[s];  // a split without keys: skipped
-      }
-    }
-    static_cast<Element*>(p.out)[seq.o_offset(p, query_of(row), head_of(row)) + col] = Element(o);
-    if (col == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
-  }
-  cluster_barrier_relaxed();  // no block leaves, or reuses its shared memory, while a peer reads it
 }
 
 // One 16-row tile of packed rows [row0, row_end) (fwd_split_tile's arguments). kCluster: the splits merge in the

@@ -63,13 +63,26 @@ cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cu
   }
   using Traits = FwdSplitTraits<kHeadDim, ElementOf<kDType>, FwdSplitTileFor<kHeadDim>>;
   static_assert(Traits::kBlockM == kFwdSplitBlockM);
-  auto kernel = is_extended(plan.kind) ? &fwd_split_kernel<Traits, true> : &fwd_split_kernel<Traits, false>;
+  const bool extended = is_extended(plan.kind);
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (grid.groups == 0) return cudaSuccess;
   if (grid.splits > 65535) return cudaErrorInvalidValue;
   const unsigned z = unsigned(grid.groups < 65535 ? grid.groups : 65535);  // the kernel loops over the rest
+  if (plan.cluster_combine && plan.kv_splits >= 2 && plan.kv_splits <= kMaxClusterSplits &&
+      params.cu_seqlens_q == nullptr) {  // as the narrow kernel's
+    auto clustered = extended ? &fwd_split_kernel<Traits, true, true> : &fwd_split_kernel<Traits, false, true>;
+    const bool size_ok = plan.kv_splits <= kMaxPortableClusterSplits ||
+                         cudaFuncSetAttribute(clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+    if (size_ok && cluster_launchable(clustered) && allow_tile_smem(clustered, kSmemBytes, plan.device) == cudaSuccess &&
+        launch_cluster_after(clustered, dim3(grid.m_blocks, grid.splits, z), dim3(1, grid.splits, 1),
+                             dim3(Traits::kNThreads), kSmemBytes, stream, params) == cudaSuccess) {
+      return cudaSuccess;
+    }
+    (void)cudaGetLastError();  // refused: the combine kernel
+  }
+  auto kernel = extended ? &fwd_split_kernel<Traits, true> : &fwd_split_kernel<Traits, false>;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, z), dim3(Traits::kNThreads), kSmemBytes,
                                      stream, params)) {
     return err;
