@@ -379,27 +379,12 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
     });
   }
   const bool quad_leader = get<1>(tScS(0, 0)) == 0;  // the quad's first thread owns column 0 of its rows
-  if constexpr (kCluster) {  // direct is false here: the launcher clusters fixed-length calls of 2+ splits only
-    float* cluster_o = reinterpret_cast<float*>(smem);                 // (kBlockM, D), over Q, K and V
-    float* cluster_lse = cluster_o + kBlockM * kHeadDim;               // (kBlockM)
-    __syncthreads();  // every warp is done with Q, K and V
-    Tensor O = rowcol_view(acc_o);
-    Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const int tile_row = get<0>(tOcO(r, 0));
-      if (tile_row >= tile_rows) continue;
-      if (quad_leader) cluster_lse[tile_row] = row_lse[r];
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(O); ++c) cluster_o[tile_row * kHeadDim + get<1>(tOcO(r, c))] = O(r, c);
-    }
-    cluster_combine<Element, kHeadDim>(params, seq, cluster_o, cluster_lse, tile_rows, split, splits, query_of, head_of);
-    return;
-  }
-  if (!direct) {
-    // fp32 partials straight from the accumulators: a quad writes 32 contiguous bytes of a row.
-    float* accum_o = params.split_accum;
-    float* accum_lse = params.split_accum + split_lse_offset(params, splits);
+  if (kCluster || !direct) {  // kCluster: direct is false (the launcher clusters fixed-length calls of 2+ splits)
+    // fp32 partials straight from the accumulators (a quad writes 32 contiguous bytes of a row): to split_accum,
+    // or (kCluster) to shared memory over Q, K and V for the cluster's merge.
+    float* cluster_o = reinterpret_cast<float*>(smem);    // (kBlockM, D)
+    float* cluster_lse = cluster_o + kBlockM * kHeadDim;  // (kBlockM)
+    if constexpr (kCluster) __syncthreads();              // every warp is done with Q, K and V
     Tensor O = rowcol_view(acc_o);
     Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
     CUTE_UNROLL
@@ -407,12 +392,19 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
       const int tile_row = get<0>(tOcO(r, 0));
       if (tile_row >= tile_rows) continue;
       const int64_t row = split_row(params, split, bidb, head_of(tile_row), query_of(tile_row));
-      if (quad_leader) accum_lse[row] = row_lse[r];
+      float* o_row = kCluster ? cluster_o + tile_row * kHeadDim : params.split_accum + row * params.head_dim;
+      if (quad_leader) {
+        (kCluster ? cluster_lse[tile_row] : params.split_accum[split_lse_offset(params, splits) + row]) = row_lse[r];
+      }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(O); ++c) {
         const int col = get<1>(tOcO(r, c));
-        if (col < params.head_dim) accum_o[row * params.head_dim + col] = O(r, c);
+        if (col < params.head_dim) o_row[col] = O(r, c);
       }
+    }
+    if constexpr (kCluster) {
+      cluster_combine<Element, kHeadDim>(params, seq, cluster_o, cluster_lse, tile_rows, split, splits, query_of,
+                                         head_of);
     }
     return;
   }
