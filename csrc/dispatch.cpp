@@ -348,7 +348,7 @@ bool uses_split_kernel(const FwdParams& p) {
   return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
 
-// Whether a split call's narrow kernel merges its splits inside a thread block cluster (launch_fwd_split_narrow)
+// Whether a split call's kernel merges its splits inside a thread block cluster (launch_split_cluster)
 // rather than in the combine kernel: under FLASH_ATTN2_SPLIT_COMBINE=cluster (read on every call), on sm_90, for
 // fixed-length calls of 2 to kMaxClusterSplits (16) splits. An experiment until an A/B says otherwise (TUNING 149):
 // by default the combine kernel merges.

@@ -249,7 +249,8 @@ def test_varlen_decode_split(head_dim, heads, heads_k, hint, causal):
 @pytest.mark.parametrize("case", [c for c in CASES if c["num_splits"] != 1], ids=_case_id)
 def test_flash_attn_kvcache_cluster_combine(case, monkeypatch):
     """The same cases with the splits merged inside a thread block cluster (FLASH_ATTN2_SPLIT_COMBINE=cluster:
-    the narrow kernel's fixed-length calls of 2-16 splits on sm_90; the others keep the combine kernel)."""
+    the split kernels' fixed-length calls of 2-16 splits on sm_90; the others keep the combine kernel): the cases'
+    head dims, softcap, ALiBi and windows (the extended kernels) where the build has them."""
     if not clusters_run():
         pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
     monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")

@@ -87,7 +87,7 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
 torch.cuda.synchronize()
 print("kvcache: ok")
 
-# The cluster combine (FLASH_ATTN2_SPLIT_COMBINE=cluster: the narrow kernel's 2-16 splits merged in a cluster, sm_90):
+# The cluster combine (FLASH_ATTN2_SPLIT_COMBINE=cluster: the split kernels' 2-16 splits merged in a cluster, sm_90):
 # hostile lengths, empty splits, a sink, the extended kernel, pages.
 os.environ["FLASH_ATTN2_SPLIT_COMBINE"] = "cluster"
 for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):

@@ -1,5 +1,5 @@
 // Thread block clusters (sm_90+): barriers over a cluster's blocks and loads from a peer block's shared memory
-// (distributed shared memory). The split-KV narrow kernel's cluster combine uses them (sm80/fwd_split_kernel.h):
+// (distributed shared memory). The split-KV kernels' cluster combine uses them (sm80/fwd_split_kernel.h):
 // a cluster's blocks are one tile's key splits, and they merge their partial results in shared memory instead of
 // writing them to global memory for a second kernel. Code generated for older archs traps: its launcher launches
 // a cluster only where the kernel's code is sm_90's (kernel_waits_for_predecessor, common/launch.h).
