@@ -348,6 +348,16 @@ bool uses_split_kernel(const FwdParams& p) {
   return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
 
+// Whether a split call's kernel merges its splits inside a thread block cluster (launch_split_cluster)
+// rather than in the combine kernel: under FLASH_ATTN2_SPLIT_COMBINE=cluster (read on every call), on sm_90, for
+// fixed-length calls of 2 to kMaxClusterSplits (16) splits. An experiment until an A/B says otherwise (TUNING 149):
+// by default the combine kernel merges.
+bool cluster_combine_wanted(const FwdParams& p, int splits) {
+  if (splits < 2 || splits > kMaxClusterSplits || p.cu_seqlens_q != nullptr || !device_is_sm90()) return false;
+  const char* env = std::getenv("FLASH_ATTN2_SPLIT_COMBINE");
+  return env != nullptr && std::string(env) == "cluster";
+}
+
 // The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket.
 int split_count(const FwdParams& p, int bucket, const DeviceInfo& device) {
   const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
@@ -425,6 +435,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
       if (p.kv_splits > 1) return fail(cudaErrorInvalidValue, "kv_splits > 1 needs split_accum (fwd_split_accum_elems)");
       plan.kv_splits = 1;
     }
+    plan.cluster_combine = cluster_combine_wanted(p, plan.kv_splits);
     if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
     return cudaSuccess;
   }

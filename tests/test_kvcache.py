@@ -11,6 +11,7 @@ import itertools
 import math
 import os
 import random
+import re
 
 import pytest
 import torch
@@ -242,6 +243,61 @@ def test_varlen_decode_split(head_dim, heads, heads_k, hint, causal):
     for name, g, r, p in zip("qkv", (grads[0][:n], grads[1], grads[2]), *refs):
         ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
         assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
+
+
+@gpu
+@pytest.mark.parametrize("case", [c for c in CASES if c["num_splits"] != 1], ids=_case_id)
+def test_flash_attn_kvcache_cluster_combine(case, monkeypatch):
+    """The same cases with the splits merged inside a thread block cluster (FLASH_ATTN2_SPLIT_COMBINE=cluster:
+    the split kernels' fixed-length calls of 2-16 splits on sm_90; the others keep the combine kernel): the cases'
+    head dims, softcap, ALiBi and windows (the extended kernels) where the build has them."""
+    if not clusters_run():
+        pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
+    monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
+    _run_case(case)
+
+
+def clusters_run():
+    """Whether FLASH_ATTN2_SPLIT_COMBINE=cluster can take effect: an sm_90 GPU running the build's sm_90 code (a
+    build without it JIT-compiles older PTX, which has no clusters: launch.h's cluster_launchable)."""
+    from flash_attn2 import _ops
+    return (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and "_90" in str(_ops.ext.built_archs))
+
+
+@gpu
+@pytest.mark.parametrize("splits", [2, 3, 5, 8, 9, 16, 17])
+@pytest.mark.parametrize("heads,heads_k,seqlen_q", [(32, 8, 1), (8, 8, 1), (16, 2, 2), (6, 1, 2), (32, 8, 5), (8, 1, 8)])
+def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
+    """The cluster combine runs where it should (no combine kernel: 2-16 splits on sm_90, 9-16 in clusters past the
+    portable size; 17 takes the kernel), with
+    the combine kernel's answers: a row without keys (cache length 0) gets 0 and -inf, or the sink and 0; splits
+    without keys (length 5) drop out; every output finite; packed rows 1-16 a tile (the narrow kernel) and 20 / 64
+    (the 64-row kernel)."""
+    require_kernel(128, torch.bfloat16)
+    torch.manual_seed(splits * 100 + heads + seqlen_q)
+    q = randn(3, seqlen_q, heads, 128, dtype=torch.bfloat16)
+    k_cache, v_cache = randn(3, 1000, heads_k, 128, dtype=torch.bfloat16), randn(3, 1000, heads_k, 128, dtype=torch.bfloat16)
+    lens = (0, 5, 1000)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    for sink in (None, torch.randn(heads, device="cuda") * 3):
+        def call():
+            return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=splits,
+                                           learnable_sink=sink, return_softmax_lse=True)
+        monkeypatch.delenv("FLASH_ATTN2_SPLIT_COMBINE", raising=False)
+        out_k, lse_k = call()
+        monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
+        (out, lse), names = kernels_run(call)
+        clustered = clusters_run() and splits <= 16
+        assert ("fwd_combine_kernel" in names) != clustered, names
+        assert bool(re.search(r"fwd_split_(narrow_)?kernel<[^()]*, (true|false), true>", names)) == clustered, names
+        for b, n in enumerate(lens):
+            ref, ref_lse = attention_ref(q[b:b + 1].float(), k_cache[b:b + 1, :n].float(), v_cache[b:b + 1, :n].float(),
+                                         sink=sink)
+            assert max_error(out[b:b + 1], ref) <= 2e-2 and max_error(lse[b:b + 1], ref_lse) <= LSE_ATOL, (b, n)
+        assert torch.isfinite(out).all() and torch.equal(out[0], torch.zeros_like(out[0]))
+        assert bool((lse[0] == -math.inf).all()) if sink is None else torch.allclose(lse[0, :, 0], sink)
+        assert max_error(lse, lse_k) <= 1e-5 and max_error(out, out_k) <= 1e-2  # the kernel's answer, to rounding
 
 
 @gpu

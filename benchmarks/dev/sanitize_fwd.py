@@ -1,6 +1,8 @@
 # A few small forward calls (fixed and varlen; causal, windows, softcap, ALiBi, dropout, sinks) for compute-sanitizer, on
 # the default path and on the SM80 one (FLASH_ATTN2_BACKEND=sm80); head dims 64 and 128 where compiled (bf16);
 # then flash_attn_with_kvcache (the update kernel, the split-KV forward and its combine) with hostile device values.
+import os
+
 import torch
 from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from flash_attn2.bench.grid import forward_backend
@@ -84,3 +86,32 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
                                 page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=120, causal=True)
 torch.cuda.synchronize()
 print("kvcache: ok")
+
+# The cluster combine (FLASH_ATTN2_SPLIT_COMBINE=cluster: the split kernels' 2-16 splits merged in a cluster, sm_90):
+# hostile lengths, empty splits, a sink, the extended kernel, pages.
+os.environ["FLASH_ATTN2_SPLIT_COMBINE"] = "cluster"
+for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
+    bf16 = dict(device="cuda", dtype=torch.bfloat16)
+    q, k, v = torch.randn(4, 2, 8, d, **bf16), torch.randn(4, 2, 2, d, **bf16), torch.randn(4, 2, 2, d, **bf16)
+    k_cache, v_cache = torch.randn(3, 77, 2, d, **bf16), torch.randn(3, 77, 2, d, **bf16)
+    ints = lambda *x: torch.tensor(x, device="cuda", dtype=torch.int32)  # noqa: E731
+    for seqlens, idx in ((ints(0, 10, 75, 76), ints(0, 1, 2, 1)), (ints(-5, 76, 2**31 - 1, 40), ints(-1, 2, 99, 0))):
+        for causal, window, softcap, alibi, splits in ((False, (-1, -1), 0.0, None, 2), (True, (-1, -1), 0.0, None, 3),
+                                                       (False, (5, 3), 30.0, torch.rand(8, device="cuda"), 8),
+                                                       (True, (-1, -1), 0.0, None, 13)):
+            flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                    causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi,
+                                    num_splits=splits, learnable_sink=torch.randn(8, device="cuda") if splits == 3 else None)
+    q5 = torch.randn(4, 5, 8, d, **bf16)  # 20 packed rows: the 64-row kernel
+    for splits in (3, 16):
+        flash_attn_with_kvcache(q5, k_cache, v_cache, cache_seqlens=ints(-5, 76, 2**31 - 1, 40),
+                                cache_batch_idx=ints(0, 1, 2, 1), causal=True, num_splits=splits,
+                                learnable_sink=torch.randn(8, device="cuda"))
+    k_pages, v_pages = torch.randn(20, 7, 2, d, **bf16), torch.randn(20, 7, 2, d, **bf16)
+    table = torch.tensor([[3, -1, -1], [10**6, -5, 19], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
+    for splits in (0, 5):
+        flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cache_seqlens=ints(3, 20, 2**31 - 1, -4), block_table=table,
+                                causal=True, num_splits=splits, learnable_sink=torch.randn(8, device="cuda"))
+del os.environ["FLASH_ATTN2_SPLIT_COMBINE"]
+torch.cuda.synchronize()
+print("kvcache, cluster combine: ok")

@@ -62,25 +62,46 @@ inline bool kernel_waits_for_predecessor(const void* kernel) {
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), programmatically dependent on the stream's previous kernel
-// where the device has it (sm_90+) and the kernel's code waits for it (kernel_waits_for_predecessor).
+// where the device has it (sm_90+) and the kernel's code waits for it (kernel_waits_for_predecessor); in thread
+// block clusters of shape `cluster` where that is not 1 x 1 x 1, which needs both (the caller checks:
+// cluster_launchable).
 template <typename... Params, typename... Args>
-cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                         Args&&... args) {
+cudaError_t launch_cluster_after(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
+                                 cudaStream_t stream, Args&&... args) {
   int device = 0, major = 0;
   if (cudaError_t err = cudaGetDevice(&device)) return err;
   if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) return err;
   if (major >= 9 && !kernel_waits_for_predecessor(reinterpret_cast<const void*>(kernel))) major = 0;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+  const bool clustered = cluster.x * cluster.y * cluster.z > 1;
+  if (clustered && major < 9) return cudaErrorInvalidConfiguration;
+  cudaLaunchAttribute attrs[2];
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = cluster.x, attrs[1].val.clusterDim.y = cluster.y, attrs[1].val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = major >= 9 ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = major >= 9 ? (clustered ? 2 : 1) : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch_after(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  return launch_cluster_after(kernel, grid, dim3(1, 1, 1), block, smem, stream, std::forward<Args>(args)...);
+}
+
+// Whether kernel may be launched in clusters here: an sm_90+ device running the kernel's sm_90+ code (a build
+// without it JIT-compiles older PTX, whose cluster code traps: common/cluster.h).
+template <class Kernel>
+bool cluster_launchable(Kernel* kernel) {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+  return major >= 9 && kernel_waits_for_predecessor(reinterpret_cast<const void*>(kernel));
 }
 
 }  // namespace flash_attn2

@@ -31,8 +31,10 @@ struct LaunchPlan {
   // Hopper backward, fixed-length causal, narrow kernels: whether one (batch, kv head) pair's Q, dO and dQ
   // accumulator rows fit in L2, which lets the last two pairs interleave (bwd_launch.h).
   bool causal_pair_fits_l2 = false;
-  // Split-KV forward: the key splits (heuristics.h's fwd_kv_splits; 1: none).
+  // Split-KV forward: the key splits (heuristics.h's fwd_kv_splits; 1: none), and whether the split kernels may
+  // merge them in a thread block cluster instead of the combine kernel (dispatch.cpp).
   int kv_splits = 1;
+  bool cluster_combine = false;
 };
 
 using FwdLauncher = cudaError_t (*)(const FwdParams&, const LaunchPlan&, cudaStream_t);

@@ -18,6 +18,11 @@ __host__ __device__ inline int split_pack(const FwdParams& p) {
   return p.alibi_slopes == nullptr ? p.num_heads / p.num_heads_k : 1;
 }
 
+// The most splits the split kernels merge inside a thread block cluster (sm80/fwd_split_kernel.h:
+// cluster_combine): sm_90's portable cluster size is 8, H100 / H200 allow 16 by opting in (the launcher does; a GPU
+// that refuses takes the combine kernel); more splits take the combine kernel.
+constexpr int kMaxClusterSplits = 16, kMaxPortableClusterSplits = 8;
+
 // Grid: x the packed query tiles, y the splits, z (batch, head group).
 struct SplitGrid {
   int m_blocks, splits;

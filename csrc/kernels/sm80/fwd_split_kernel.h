@@ -14,6 +14,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/block_range.h"
+#include "common/cluster.h"
 #include "common/launch.h"
 #include "common/mask.h"
 #include "common/score_mod.h"
@@ -39,6 +40,9 @@ struct FwdSplitTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   static constexpr int kKVSize = cute::cosize(SmemLayoutKV{});
   // Q (the output tile reuses it), then kStages K buffers, then kStages V buffers.
   static constexpr int kSmemBytes = int(sizeof(Element)) * (kQSize + 2 * kStages * kKVSize);
+  // The cluster combine's O (kBlockM, D) and LSE (kBlockM) of the block's split, over all of it after the mainloop.
+  static constexpr int kClusterBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  static_assert(kClusterBytes <= kSmemBytes, "the cluster combine reuses the tile's shared memory");
 };
 
 // A tensor's layout over another buffer of the same shape: a stage's partition from stage 0's.
@@ -155,8 +159,10 @@ __device__ __forceinline__ void mask_queries(TensorS& S, const Coord& coord, con
 // with several splits, the rows below the hint (seqlen_q: varlen's max_seqlen_q) in tiles that stop at it, each split
 // its share of the keys into partials; then the rows past the hint (a varlen sequence longer than the hint says),
 // which have no partial rows to go to, by split 0 alone over all keys, written out directly. With one split, every
-// row directly. The grid's tiles loop (blockIdx.x, gridDim.x) over what they do not reach at once.
-template <int kBlockM, class Fn>
+// row directly. The grid's tiles loop (blockIdx.x, gridDim.x) over what they do not reach at once. kSplitTilesOnly
+// (the cluster combine, whose blocks must all meet each tile's cluster barriers): the first loop alone, which is
+// every tile of a fixed-length call of 2+ splits (rows is seqlen_q * pack there); the launcher clusters no other.
+template <int kBlockM, bool kSplitTilesOnly = false, class Fn>
 __device__ __forceinline__ void for_each_split_tile(const FwdParams& p, int64_t rows, int pack, int split, int splits,
                                                     Fn&& fn) {
   const int64_t step = int64_t(gridDim.x) * kBlockM;
@@ -164,9 +170,11 @@ __device__ __forceinline__ void for_each_split_tile(const FwdParams& p, int64_t 
   for (int64_t row0 = int64_t(blockIdx.x) * kBlockM; row0 < hint_rows; row0 += step) {
     fn(row0, min(row0 + kBlockM, hint_rows), false);
   }
-  if (split != 0) return;
-  for (int64_t row0 = hint_rows + int64_t(blockIdx.x) * kBlockM; row0 < rows; row0 += step) {
-    fn(row0, min(row0 + kBlockM, rows), true);
+  if constexpr (!kSplitTilesOnly) {
+    if (split != 0) return;
+    for (int64_t row0 = hint_rows + int64_t(blockIdx.x) * kBlockM; row0 < rows; row0 += step) {
+      fn(row0, min(row0 + kBlockM, rows), true);
+    }
   }
 }
 
@@ -182,9 +190,64 @@ __device__ void split_zero_uncovered(const FwdParams& p, int bidb, int head0, in
   }
 }
 
+// The cluster combine (kCluster): the cluster's blocks are one tile's key splits (block s of the cluster is split
+// s), each holding its split's normalized O (rows, D) and LSE (rows) in shared memory; block s merges rows s,
+// s + splits, ... of all of them into out and lse, as fwd_combine_kernel does from global memory (csrc/fwd_aux.cu:
+// the same NaN and sink rules), each thread's loads from the peers issued before any is used. Batch-1 decode ends in
+// that combine: ~3.3 us after the split kernel at 1 x 1k (4 splits) on an H200, of an 11 us call (TUNING 148), a
+// chain of launch, L2 round trips and a store that a cluster barrier and a round trip to a neighbour SM replace.
+template <class Element, int kHeadDim, class QueryOf, class HeadOf>
+__device__ __forceinline__ void cluster_combine(const FwdParams& p, const SplitSeq& seq, const float* cluster_o,
+                                                const float* cluster_lse, int tile_rows, int split, int splits,
+                                                QueryOf query_of, HeadOf head_of) {
+  constexpr int kMaxSplits = kMaxClusterSplits;
+  cluster_barrier();  // every split's result is in its block's shared memory
+  const int rows_mine = split < tile_rows ? (tile_rows - split + splits - 1) / splits : 0;
+  for (int idx = threadIdx.x; idx < rows_mine * kHeadDim; idx += blockDim.x) {
+    const int row = split + (idx / kHeadDim) * splits, col = idx % kHeadDim;
+    if (col >= p.head_dim) continue;
+    float lse_s[kMaxSplits], o_s[kMaxSplits];
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) {  // all in flight together
+      if (s < splits) {
+        lse_s[s] = cluster_load(cluster_lse + row, s);
+        o_s[s] = cluster_load(cluster_o + row * kHeadDim + col, s);
+      }
+    }
+    // LSE = log sum_s exp(LSE_s): NaN if a split's is NaN and another's finite, -inf if none is finite.
+    float m = -INFINITY;
+    bool nan_seen = false;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s >= splits) continue;
+      if (lse_s[s] != lse_s[s]) nan_seen = true;
+      else m = fmaxf(m, lse_s[s]);
+    }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) {
+      if (s < splits && lse_s[s] != -INFINITY && lse_s[s] == lse_s[s]) sum += expf(lse_s[s] - m);
+    }
+    float lse = m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
+    float unused = 1.f;
+    add_sink(lse, unused, sink_logit(p, head_of(row)));  // once, here: the splits' LSEs leave the sink out
+    float o = 0.f;
+    if (lse != -INFINITY) {
+      CUTE_UNROLL
+      for (int s = 0; s < kMaxSplits; ++s) {
+        if (s < splits && lse_s[s] != -INFINITY) o += expf(lse_s[s] - lse) * o_s[s];  // a split without keys: skipped
+      }
+    }
+    static_cast<Element*>(p.out)[seq.o_offset(p, query_of(row), head_of(row)) + col] = Element(o);
+    if (col == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
+  }
+  cluster_barrier_relaxed();  // no block leaves, or reuses its shared memory, while a peer reads it
+}
+
 // One 64-row tile of packed rows [row0, row_end) (row_end <= row0 + 64) of batch entry bidb's head group head0: split
-// `split` of `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse.
-template <class Traits, bool kExtended>
+// `split` of `splits` of its key blocks into fp32 partials, or (direct) all of them into out and lse; kCluster: the
+// splits merged in the cluster (cluster_combine) instead of partials.
+template <class Traits, bool kExtended, bool kCluster>
 __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
                                                int64_t row0, int64_t row_end, int split, int splits, bool direct) {
   using namespace cute;
@@ -309,10 +372,12 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
     });
   }
   const bool quad_leader = get<1>(tScS(0, 0)) == 0;  // the quad's first thread owns column 0 of its rows
-  if (!direct) {
-    // fp32 partials straight from the accumulators: a quad writes 32 contiguous bytes of a row.
-    float* accum_o = params.split_accum;
-    float* accum_lse = params.split_accum + split_lse_offset(params, splits);
+  if (kCluster || !direct) {  // kCluster: direct is false (the launcher clusters fixed-length calls of 2+ splits)
+    // fp32 partials straight from the accumulators (a quad writes 32 contiguous bytes of a row): to split_accum,
+    // or (kCluster) to shared memory over Q, K and V for the cluster's merge.
+    float* cluster_o = reinterpret_cast<float*>(smem);    // (kBlockM, D)
+    float* cluster_lse = cluster_o + kBlockM * kHeadDim;  // (kBlockM)
+    if constexpr (kCluster) __syncthreads();              // every warp is done with Q, K and V
     Tensor O = rowcol_view(acc_o);
     Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
     CUTE_UNROLL
@@ -320,12 +385,19 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
       const int tile_row = get<0>(tOcO(r, 0));
       if (tile_row >= tile_rows) continue;
       const int64_t row = split_row(params, split, bidb, head_of(tile_row), query_of(tile_row));
-      if (quad_leader) accum_lse[row] = row_lse[r];
+      float* o_row = kCluster ? cluster_o + tile_row * kHeadDim : params.split_accum + row * params.head_dim;
+      if (quad_leader) {
+        (kCluster ? cluster_lse[tile_row] : params.split_accum[split_lse_offset(params, splits) + row]) = row_lse[r];
+      }
       CUTE_UNROLL
       for (int c = 0; c < size<1>(O); ++c) {
         const int col = get<1>(tOcO(r, c));
-        if (col < params.head_dim) accum_o[row * params.head_dim + col] = O(r, c);
+        if (col < params.head_dim) o_row[col] = O(r, c);
       }
+    }
+    if constexpr (kCluster) {
+      cluster_combine<Element, kHeadDim>(params, seq, cluster_o, cluster_lse, tile_rows, split, splits, query_of,
+                                         head_of);
     }
     return;
   }
@@ -353,7 +425,8 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   }
 }
 
-template <class Traits, bool kExtended>
+// kCluster: as fwd_split_narrow_kernel's.
+template <class Traits, bool kExtended, bool kCluster = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const __grid_constant__ FwdParams params) {
   // Launched after the kernel before it (launch_after: flash_attn_with_kvcache's update writes the q and the cache
   // rows read here), and lets the combine's blocks launch once every block here has started.
@@ -366,10 +439,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_split_kernel(const _
     const int bidb = int(z / groups), head0 = int(z % groups) * pack;
     split_zero_uncovered<typename Traits::Element>(params, bidb, head0, pack, Traits::kNThreads);
     const SplitSeq seq(params, bidb);
-    for_each_split_tile<Traits::kBlockM>(params, int64_t(seq.len_q) * pack, pack, split, splits,
-                                         [&](int64_t row0, int64_t row_end, bool direct) {
+    for_each_split_tile<Traits::kBlockM, kCluster>(params, int64_t(seq.len_q) * pack, pack, split, splits,
+                                                   [&](int64_t row0, int64_t row_end, bool direct) {
       __syncthreads();  // the previous tile's epilogue is done with shared memory
-      fwd_split_tile<Traits, kExtended>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
+      fwd_split_tile<Traits, kExtended, kCluster>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
     });
   }
 }
@@ -404,7 +477,9 @@ struct FwdSplitNarrowTraits : CommonTraits<kHeadDim, Element, 4> {
   // statistics reuse the K / V space once every warp is done.
   static constexpr int kKVBytes = int(sizeof(Element)) * 4 * 2 * kStages * kChunkSize;
   static constexpr int kMergeBytes = 4 * kBlockM * kHeadDim * 4 + 2 * 4 * kBlockM * 4;
-  static_assert(kMergeBytes <= kKVBytes, "the merge reuses the K / V buffers");
+  // The cluster combine's O (16, D) and LSE (16) of the block's split, past the merge's buffers.
+  static constexpr int kClusterBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  static_assert(kMergeBytes + kClusterBytes <= kKVBytes, "the merge and the cluster combine reuse the K / V buffers");
   static constexpr int kSmemBytes = int(sizeof(Element)) * kQSize + kKVBytes;
 };
 
@@ -422,8 +497,9 @@ __device__ __forceinline__ void warp_gemm_rs(Mma const& mma, Acc& acc, RegA cons
   }
 }
 
-// One 16-row tile of packed rows [row0, row_end) (fwd_split_tile's arguments).
-template <class Traits, bool kExtended>
+// One 16-row tile of packed rows [row0, row_end) (fwd_split_tile's arguments). kCluster: the splits merge in the
+// cluster (cluster_combine) instead of writing partials.
+template <class Traits, bool kExtended, bool kCluster>
 __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, const SplitSeq& seq, int bidb, int head0,
                                                       int64_t row0, int64_t row_end, int split, int splits,
                                                       bool direct) {
@@ -553,6 +629,8 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
     }
   }
   __syncthreads();
+  float* cluster_o = merge_l + kWarps * kBlockM;       // (16, D): kCluster's result of this split
+  float* cluster_lse = cluster_o + kBlockM * kHeadDim;  // (16)
   const bool to_accum = !direct;
   float* accum_o = params.split_accum;
   float* accum_lse = params.split_accum + (to_accum ? split_lse_offset(params, splits) : 0);
@@ -574,6 +652,11 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
     o = sum == 0.f ? 0.f : o / sum;
     float lse = sum == 0.f ? -INFINITY : m * softmax.scale + logf(sum);
     if (col >= params.head_dim) continue;
+    if constexpr (kCluster) {  // direct is false here: the launcher clusters fixed-length calls of 2+ splits only
+      cluster_o[row * kHeadDim + col] = o;
+      if (col == 0) cluster_lse[row] = lse;
+      continue;
+    }
     if (!to_accum) {  // the sink, where the tile writes out directly (the combine adds it to partials)
       float factor = 1.f;
       add_sink(lse, factor, sink_logit(params, head_of(row)));
@@ -588,9 +671,15 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
       if (col == 0) params.lse[seq.lse_offset(params, query_of(row), head_of(row))] = lse;
     }
   }
+  if constexpr (kCluster) {
+    cluster_combine<Element, kHeadDim>(params, seq, cluster_o, cluster_lse, tile_rows, split, splits, query_of,
+                                       head_of);
+  }
 }
 
-template <class Traits, bool kExtended>
+// kCluster: launched in clusters of (1, splits, 1) blocks, every block of a cluster walking the same tiles (fixed
+// length: no direct tiles), so that each tile's two cluster barriers are met by all of them.
+template <class Traits, bool kExtended, bool kCluster = false>
 __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_constant__ FwdParams params) {
   griddep_wait();  // as fwd_split_kernel
   griddep_launch_dependents();
@@ -600,10 +689,10 @@ __global__ void __launch_bounds__(128, 2) fwd_split_narrow_kernel(const __grid_c
     const int bidb = int(z / groups), head0 = int(z % groups) * pack;
     split_zero_uncovered<typename Traits::Element>(params, bidb, head0, pack, 128);
     const SplitSeq seq(params, bidb);
-    for_each_split_tile<Traits::kBlockM>(params, int64_t(seq.len_q) * pack, pack, split, splits,
-                                         [&](int64_t row0, int64_t row_end, bool direct) {
+    for_each_split_tile<Traits::kBlockM, kCluster>(params, int64_t(seq.len_q) * pack, pack, split, splits,
+                                                   [&](int64_t row0, int64_t row_end, bool direct) {
       __syncthreads();  // the previous tile's merge is done with shared memory
-      fwd_split_narrow_tile<Traits, kExtended>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
+      fwd_split_narrow_tile<Traits, kExtended, kCluster>(params, seq, bidb, head0, row0, row_end, split, splits, direct);
     });
   }
 }

@@ -14,18 +14,47 @@
 
 namespace flash_attn2 {
 
+// With plan.cluster_combine (dispatch.cpp: 2 to kMaxClusterSplits splits of a fixed-length call on sm_90), a split
+// kernel's kCluster variant in clusters of (1, splits, 1) blocks, a tile's splits merging there
+// (fwd_split_kernel.h: cluster_combine): one kernel, no partials in global memory. False where it does not apply or
+// the launch is refused (a cluster the GPU cannot place: MPS or green contexts holding SMs of a GPC, a cluster of
+// 9-16 where the non-portable size is not allowed): the launch error is not sticky; it is cleared, and the caller
+// takes the combine kernel.
+template <class Kernel>
+bool launch_split_cluster(Kernel* clustered, const FwdParams& params, const LaunchPlan& plan, dim3 grid, int threads,
+                          int smem, cudaStream_t stream) {
+  if (!plan.cluster_combine || plan.kv_splits < 2 || plan.kv_splits > kMaxClusterSplits ||
+      params.cu_seqlens_q != nullptr) {
+    return false;
+  }
+  const bool size_ok = plan.kv_splits <= kMaxPortableClusterSplits ||
+                       cudaFuncSetAttribute(clustered, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+  if (size_ok && cluster_launchable(clustered) && allow_tile_smem(clustered, smem, plan.device) == cudaSuccess &&
+      launch_cluster_after(clustered, grid, dim3(1, grid.y, 1), dim3(threads), smem, stream, params) == cudaSuccess) {
+    return true;
+  }
+  (void)cudaGetLastError();
+  return false;
+}
+
 // The narrow tile's kernel (decode with at most 16 packed rows, head dim <= 128): one 16-row tile per (split,
 // batch entry, head group); with varlen a longer sequence than max_seqlen_q says loops over more.
 template <int kHeadDim, DType kDType>
 cudaError_t launch_fwd_split_narrow(const FwdParams& params, const LaunchPlan& plan, cudaStream_t stream) {
   using Traits = FwdSplitNarrowTraits<kHeadDim, ElementOf<kDType>, fwd_split_narrow_stages(kHeadDim)>;
-  auto kernel = is_extended(plan.kind) ? &fwd_split_narrow_kernel<Traits, true> : &fwd_split_narrow_kernel<Traits, false>;
+  const bool extended = is_extended(plan.kind);
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (grid.groups == 0) return cudaSuccess;
   if (grid.splits > 65535) return cudaErrorInvalidValue;
   const unsigned z = unsigned(grid.groups < 65535 ? grid.groups : 65535);  // the kernel loops over the rest
+  if (launch_split_cluster(extended ? &fwd_split_narrow_kernel<Traits, true, true>
+                                    : &fwd_split_narrow_kernel<Traits, false, true>,
+                           params, plan, dim3(grid.m_blocks, grid.splits, z), 128, kSmemBytes, stream)) {
+    return cudaSuccess;
+  }
+  auto kernel = extended ? &fwd_split_narrow_kernel<Traits, true> : &fwd_split_narrow_kernel<Traits, false>;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, z), dim3(128), kSmemBytes, stream,
                                      params)) {
     return err;
@@ -45,13 +74,18 @@ cudaError_t launch_fwd_split(const FwdParams& params, const LaunchPlan& plan, cu
   }
   using Traits = FwdSplitTraits<kHeadDim, ElementOf<kDType>, FwdSplitTileFor<kHeadDim>>;
   static_assert(Traits::kBlockM == kFwdSplitBlockM);
-  auto kernel = is_extended(plan.kind) ? &fwd_split_kernel<Traits, true> : &fwd_split_kernel<Traits, false>;
+  const bool extended = is_extended(plan.kind);
   constexpr int kSmemBytes = Traits::kSmemBytes;
-  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   const SplitGrid grid = split_grid(params, Traits::kBlockM, plan.kv_splits);
   if (grid.groups == 0) return cudaSuccess;
   if (grid.splits > 65535) return cudaErrorInvalidValue;
   const unsigned z = unsigned(grid.groups < 65535 ? grid.groups : 65535);  // the kernel loops over the rest
+  if (launch_split_cluster(extended ? &fwd_split_kernel<Traits, true, true> : &fwd_split_kernel<Traits, false, true>,
+                           params, plan, dim3(grid.m_blocks, grid.splits, z), Traits::kNThreads, kSmemBytes, stream)) {
+    return cudaSuccess;
+  }
+  auto kernel = extended ? &fwd_split_kernel<Traits, true> : &fwd_split_kernel<Traits, false>;
+  if (cudaError_t err = allow_tile_smem(kernel, kSmemBytes, plan.device)) return err;
   if (cudaError_t err = launch_after(kernel, dim3(grid.m_blocks, grid.splits, z), dim3(Traits::kNThreads), kSmemBytes,
                                      stream, params)) {
     return err;
