@@ -149,14 +149,20 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
 // h 32 / h_k 8, d 128, the best counts were 4, 8, 16, 16 at 1k, 4k, 32k, 128k against 16, 32, 29, 29 from FA2's
 // wave rule on two blocks per SM). Of the counts with the same blocks per split, the fewest. From the shapes alone
 // (seqlen_k: a cache's capacity), never from device values, so that it needs no sync and a captured graph keeps
-// its plan. A paged cache's wave, the no-split guard's included, is two blocks per SM (the narrow kernel's
-// occupancy): a block reads each stage's page-table entries before its copies, so one block per SM leaves the loads
-// waiting on the table (H200, h 32 / 8, d 128, page 16, forced splits: 8 x 32k 350 us at 2 splits against 262 at 4,
-// 8 x 4k 53.8 against 44.5, where contiguous caches take 247 / 252 and 40.8 / 42.6: TUNING 140). Where the narrow
-// kernel fits one block per SM (an A100's 164 KB at d 128) that plan is two waves: not measured there.
+// its plan. With pages of fewer than kPagedWaveRows rows the wave, the no-split guard's included, is two blocks per
+// SM (the narrow kernel's occupancy): such a block reads a table entry per key row, and one block per SM leaves its
+// loads waiting on the table (H200, h 32 / 8, d 128, page 1, forced splits: 8 x 32k 312-332 us at 2 splits against
+// 250-258 at 4: TUNING 148). Pages of 16 rows and more wait one table round trip a stage since the split kernels
+// issue a stage's reads together, and plan as contiguous caches do (1 x 32k, pages of 16 / 256: 45.5 / 44.4 us at
+// 16 splits against 49.9 / 50.4 at the two-block wave's 23; 8 x 32k page 16 264.5 at 2 against 259.6 at 4, page
+// 256 247.7 against 254.5: TUNING 149). Where the narrow kernel fits one block per SM (an A100's 164 KB at d 128)
+// the page-1 plan is two waves: not measured there.
+constexpr int kPagedWaveRows = 16;
+
 inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
   if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
-  const int64_t slots = (p.page_table != nullptr ? 2 : 1) * int64_t(std::max(device.num_sms, 1));  // a wave's blocks
+  const bool table_bound = p.page_table != nullptr && p.page_size < kPagedWaveRows;
+  const int64_t slots = (table_bound ? 2 : 1) * int64_t(std::max(device.num_sms, 1));  // a wave's blocks
   if (tiles >= (slots * 4) / 5 || n_blocks <= 4) return 1;
   const int64_t one_wave = slots / std::max<int64_t>(tiles, 1);
   const int64_t latency_best = std::llround(std::sqrt(double(n_blocks)));

@@ -612,19 +612,24 @@ def test_scheduler_metadata_follows_the_kernel():
 
 
 @gpu
-def test_paged_decode_plans_two_blocks_per_sm():
-    """A paged cache's split plan counts two blocks per SM where a contiguous one counts one (heuristics.h: a
-    paged block waits on its page-table reads; TUNING 140): 8 sequences of 32k at 32 / 8 heads are 64 tiles, 2
-    splits a wave contiguous, 4 paged on a GPU of 128-159 SMs (H100, H200: 132)."""
+def test_paged_decode_plans():
+    """Pages of fewer than 16 rows plan two blocks per SM where contiguous caches and larger pages plan one
+    (heuristics.h: such a block waits on a table read per key row; TUNING 148-149): 8 sequences of 32k at 32 / 8
+    heads are 64 tiles, 2 splits a wave contiguous and with pages of 16 / 256, 4 with pages of 1 row, on a GPU of
+    128-159 SMs (H100, H200: 132); one sequence of 32k (8 tiles): a wave's SMs / 8 splits, at most the square
+    root of its 512 key blocks (23), which pages of 1 row reach."""
     require_kernel(128, torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not 128 <= sms < 160:
-        pytest.skip(f"the expected counts are for 128-255 SMs ({sms} here)")
+        pytest.skip(f"the expected counts are for 128-159 SMs ({sms} here)")
     args = dict(batch_size=8, max_seqlen_q=1, max_seqlen_k=32768, num_heads_q=32, num_heads_kv=8, headdim=128,
                 cache_seqlens=torch.zeros(8, dtype=torch.int32, device="cuda"))
-    contiguous = int(flash_attn2.get_scheduler_metadata(**args)[0])
-    paged = int(flash_attn2.get_scheduler_metadata(page_size=16, **args)[0])
-    assert (contiguous, paged) == (2, 4), (contiguous, paged)
+    plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 16, 256, 1)]
+    assert plans == [2, 2, 2, 4], plans
+    args.update(batch_size=1, cache_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"))
+    plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 16, 1)]
+    one_wave = min(sms // 8, 23)
+    assert plans == [one_wave, one_wave, 23], plans
 
 
 @gpu
