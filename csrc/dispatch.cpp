@@ -348,14 +348,29 @@ bool uses_split_kernel(const FwdParams& p) {
   return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
 
-// Whether a split call's kernel merges its splits inside a thread block cluster (launch_split_cluster)
-// rather than in the combine kernel: under FLASH_ATTN2_SPLIT_COMBINE=cluster (read on every call), on sm_90, for
-// fixed-length calls of 2 to kMaxClusterSplits (16) splits. An experiment until an A/B says otherwise (TUNING 149):
-// by default the combine kernel merges.
-bool cluster_combine_wanted(const FwdParams& p, int splits) {
-  if (splits < 2 || splits > kMaxClusterSplits || p.cu_seqlens_q != nullptr || !device_is_sm90()) return false;
+// FLASH_ATTN2_SPLIT_COMBINE (read on every call): "cluster" merges a split call's splits inside a thread block
+// cluster wherever that can run, "kernel" always in the combine kernel, unset or "auto" as cluster_combine_pays
+// (heuristics.h) says. False (last_error set) for any other value.
+bool requested_split_combine(std::string* mode) {
   const char* env = std::getenv("FLASH_ATTN2_SPLIT_COMBINE");
-  return env != nullptr && std::string(env) == "cluster";
+  *mode = env == nullptr || std::string(env) == "auto" ? "" : env;
+  if (mode->empty() || *mode == "cluster" || *mode == "kernel") return true;
+  fail(cudaErrorInvalidValue, "FLASH_ATTN2_SPLIT_COMBINE must be cluster, kernel, auto or unset, got '" + *mode + "'");
+  return false;
+}
+
+// Whether a split call's kernel merges its splits inside a thread block cluster (launch_split_cluster) rather than
+// in the combine kernel: on sm_90, for fixed-length calls of 2 to kMaxClusterSplits (16) splits, as mode (above)
+// says.
+bool cluster_combine_wanted(const FwdParams& p, int splits, int bucket, const std::string& mode,
+                            const DeviceInfo& device) {
+  if (splits < 2 || splits > kMaxClusterSplits || p.cu_seqlens_q != nullptr || !device_is_sm90()) return false;
+  if (!mode.empty()) return mode == "cluster";
+  const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
+  const int block_n = fwd_split_tile_sm80(bucket).block_n;
+  const bool narrow = fwd_split_narrow_stages(bucket) > 0 && int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitNarrowRows;
+  return cluster_combine_pays(int64_t(grid.m_blocks) * grid.groups, splits, (p.seqlen_k + block_n - 1) / block_n,
+                              device.num_sms, narrow);
 }
 
 // The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket.
@@ -424,8 +439,8 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
     return cudaSuccess;
   }
   if (uses_split_kernel(p)) {
-    std::string backend;
-    if (!requested_backend(&backend)) return cudaErrorInvalidValue;
+    std::string backend, combine;
+    if (!requested_backend(&backend) || !requested_split_combine(&combine)) return cudaErrorInvalidValue;
     if ((fwd = kernels(bucket, p.dtype).fwd_split) == nullptr) return no_kernel(p, "split-KV forward");
     if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
     plan.kv_splits = split_count(p, bucket, plan.device);
@@ -435,7 +450,7 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
       if (p.kv_splits > 1) return fail(cudaErrorInvalidValue, "kv_splits > 1 needs split_accum (fwd_split_accum_elems)");
       plan.kv_splits = 1;
     }
-    plan.cluster_combine = cluster_combine_wanted(p, plan.kv_splits);
+    plan.cluster_combine = cluster_combine_wanted(p, plan.kv_splits, bucket, combine, plan.device);
     if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
     return cudaSuccess;
   }

@@ -152,12 +152,13 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
 // its plan. With pages of fewer than kPagedWaveRows rows the wave, the no-split guard's included, is two blocks per
 // SM (the narrow kernel's occupancy): such a block reads a table entry per key row, and one block per SM leaves its
 // loads waiting on the table (H200, h 32 / 8, d 128, page 1, forced splits: 8 x 32k 312-332 us at 2 splits against
-// 250-258 at 4: TUNING 148). Pages of 16 rows and more wait one table round trip a stage since the split kernels
-// issue a stage's reads together, and plan as contiguous caches do (1 x 32k, pages of 16 / 256: 45.5 / 44.4 us at
-// 16 splits against 49.9 / 50.4 at the two-block wave's 23; 8 x 32k page 16 264.5 at 2 against 259.6 at 4, page
-// 256 247.7 against 254.5: TUNING 149). Where the narrow kernel fits one block per SM (an A100's 164 KB at d 128)
-// the page-1 plan is two waves: not measured there.
-constexpr int kPagedWaveRows = 16;
+// 250-258 at 4: TUNING 148). Pages of 64 rows and more (a d-128 key block, or more, per table entry) plan as
+// contiguous caches do: the wave plan against the two-block one (TUNING 152), pages of 256: 1 x 1k / 4k 1.00,
+// 1 x 32k 0.91, 8 x 1k 0.92, 8 x 4k 0.97, 8 x 32k 0.98, batch 64 1.00. Pages of 16 stay on two blocks: there the
+// one-block plan was mixed (1 x 32k 0.96, 8 x 1k 0.95, 8 x 32k 1.03: 261 against 254 us at 2 splits for 4). Pages
+// of 64 are between: measured in the decode grid only, not in that A/B. Where the narrow kernel fits one block per SM (an A100's 164 KB
+// at d 128) the table-bound plan is two waves: not measured there.
+constexpr int kPagedWaveRows = 64;
 
 inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
   if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
@@ -169,6 +170,22 @@ inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t t
   const int splits = int(std::max<int64_t>(1, std::min<int64_t>({one_wave, latency_best, kMaxKvSplits, n_blocks})));
   const int blocks_per_split = (n_blocks + splits - 1) / splits;
   return (n_blocks + blocks_per_split - 1) / blocks_per_split;
+}
+
+// Whether a split call of `tiles` (query tile, head group) blocks, `splits` key splits over `n_blocks` key blocks
+// merges its splits inside a thread block cluster (sm80/fwd_split_launch.h: launch_split_cluster; dispatch.cpp asks
+// only for sm_90 and fixed-length calls) rather than in the combine kernel. The cluster saves the combine's launch
+// and the partials' round trip through global memory, a fixed microsecond or two that pays where the call is short:
+// the narrow kernel's (at most 16 packed rows, head dim <= 128), at least 4 splits of at most 8 key blocks each,
+// on at most half the SMs. H200, h 32 / h_k 8, d 128, cluster over combine kernel (TUNING 152): batch 1 x 1k at
+// 4 / 8 / 16 splits 0.87 / 0.84 / 0.90 (pages of 16: 0.86 / 0.84 / 0.90), 1 x 4k at 8 splits 0.92 (4: 0.97;
+// 16, on 128 blocks: 1.02); slower at 2 splits (1.06-1.10), at 16k and 32k (splits of 16-128 blocks: 1.04-1.16),
+// at batch 8 (4 splits on 256 blocks: 1.26) and in the 64-row kernel (5 query rows: 1.05-1.50). Why long splits
+// lose is not measured yet.
+inline bool cluster_combine_pays(int64_t tiles, int splits, int n_blocks, int num_sms, bool narrow) {
+  if (!narrow || splits < 4) return false;
+  const int blocks_per_split = (n_blocks + splits - 1) / splits;
+  return tiles * splits <= num_sms / 2 && blocks_per_split <= 8;
 }
 
 }  // namespace flash_attn2

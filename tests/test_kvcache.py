@@ -284,8 +284,9 @@ def test_cluster_combine(splits, heads, heads_k, seqlen_q, monkeypatch):
         def call():
             return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=splits,
                                            learnable_sink=sink, return_softmax_lse=True)
-        monkeypatch.delenv("FLASH_ATTN2_SPLIT_COMBINE", raising=False)
-        out_k, lse_k = call()
+        monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "kernel")
+        (out_k, lse_k), names_k = kernels_run(call)
+        assert "fwd_combine_kernel" in names_k and ", true>" not in names_k, names_k
         monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "cluster")
         (out, lse), names = kernels_run(call)
         clustered = clusters_run() and splits <= 16
@@ -612,24 +613,74 @@ def test_scheduler_metadata_follows_the_kernel():
 
 
 @gpu
+@pytest.mark.parametrize("batch,seqlen_k,page,clustered", [
+    (1, 1024, None, True), (1, 1024, 16, True), (1, 4096, None, True),  # 4 / 8 splits on 32 / 64 blocks
+    (1, 32768, None, False),  # splits of 32 key blocks
+    (8, 1024, None, False),  # 4 splits on 256 blocks
+])
+def test_cluster_combine_default(batch, seqlen_k, page, clustered, monkeypatch):
+    """Unset, FLASH_ATTN2_SPLIT_COMBINE leaves the choice to heuristics.h's cluster_combine_pays: short calls of the
+    narrow kernel (batch-1 decode up to 4k at 32 / 8 heads, d 128) merge in a cluster, long splits and full grids in
+    the combine kernel (TUNING 152); "auto" is the same, "kernel" refuses the cluster, anything else raises naming
+    the variable. 128-159 SMs (the plans' split counts), sm_90."""
+    require_kernel(128, torch.bfloat16)
+    if not clusters_run():
+        pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not 128 <= sms < 160:
+        pytest.skip(f"the expected plans are for 128-159 SMs ({sms} here)")
+    torch.manual_seed(batch + seqlen_k)
+    q = randn(batch, 1, 32, 128, dtype=torch.bfloat16)
+    if page is None:
+        k_cache, v_cache = (randn(batch, seqlen_k, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+        table = None
+    else:
+        k_cache, v_cache = (randn(batch * seqlen_k // page, page, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+        table = torch.randperm(batch * seqlen_k // page, device="cuda", dtype=torch.int32).view(batch, -1)
+    lens = torch.full((batch,), seqlen_k - 3, dtype=torch.int32, device="cuda")
+
+    def call():
+        return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)
+    ref = call_with_env(monkeypatch, "kernel", call)
+    for mode in (None, "auto"):
+        if mode is None:
+            monkeypatch.delenv("FLASH_ATTN2_SPLIT_COMBINE", raising=False)
+        else:
+            monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", mode)
+        out, names = kernels_run(call)
+        assert ("fwd_combine_kernel" not in names) == clustered, (mode, names)
+        assert max_error(out, ref) <= 1e-2
+    monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "clusters")
+    with pytest.raises(RuntimeError, match="FLASH_ATTN2_SPLIT_COMBINE must be cluster, kernel, auto or unset"):
+        call()
+
+
+def call_with_env(monkeypatch, value, fn):
+    monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", value)
+    out, names = kernels_run(fn)
+    assert "fwd_split" in names and ", true>" not in names, names
+    return out
+
+
+@gpu
 def test_paged_decode_plans():
-    """Pages of fewer than 16 rows plan two blocks per SM where contiguous caches and larger pages plan one
-    (heuristics.h: such a block waits on a table read per key row; TUNING 148-149): 8 sequences of 32k at 32 / 8
-    heads are 64 tiles, 2 splits a wave contiguous and with pages of 16 / 256, 4 with pages of 1 row, on a GPU of
-    128-159 SMs (H100, H200: 132); one sequence of 32k (8 tiles): a wave's SMs / 8 splits, at most the square
-    root of its 512 key blocks (23), which pages of 1 row reach."""
+    """Pages of fewer than 64 rows plan two blocks per SM where contiguous caches and larger pages plan one
+    (heuristics.h: kPagedWaveRows; TUNING 148, 152): 8 sequences of 32k at 32 / 8 heads are 64 tiles, 2 splits a
+    wave contiguous and with pages of 64 / 256, 4 with pages of 1 / 16 rows, on a GPU of 128-159 SMs (H100, H200:
+    132); one sequence of 32k (8 tiles): a wave's SMs / 8 splits, at most the square root of its 512 key blocks
+    (23), which pages of 1 / 16 rows reach."""
     require_kernel(128, torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not 128 <= sms < 160:
         pytest.skip(f"the expected counts are for 128-159 SMs ({sms} here)")
     args = dict(batch_size=8, max_seqlen_q=1, max_seqlen_k=32768, num_heads_q=32, num_heads_kv=8, headdim=128,
                 cache_seqlens=torch.zeros(8, dtype=torch.int32, device="cuda"))
-    plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 16, 256, 1)]
-    assert plans == [2, 2, 2, 4], plans
+    plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 64, 256, 16, 1)]
+    assert plans == [2, 2, 2, 4, 4], plans
     args.update(batch_size=1, cache_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"))
-    plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 16, 1)]
+    plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 256, 16, 1)]
     one_wave = min(sms // 8, 23)
-    assert plans == [one_wave, one_wave, 23], plans
+    assert plans == [one_wave, one_wave, 23, 23], plans
 
 
 @gpu
