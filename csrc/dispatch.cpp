@@ -373,11 +373,23 @@ bool cluster_combine_wanted(const FwdParams& p, int splits, int bucket, const st
                               device.num_sms, narrow);
 }
 
-// The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket.
+// The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket; more
+// splits where the cluster combine takes the call (cluster_kv_splits) and still would at the new count.
 int split_count(const FwdParams& p, int bucket, const DeviceInfo& device) {
   const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
   const int block_n = fwd_split_tile_sm80(bucket).block_n;
-  return fwd_kv_splits(p, device, int64_t(grid.m_blocks) * grid.groups, (p.seqlen_k + block_n - 1) / block_n);
+  const int64_t tiles = int64_t(grid.m_blocks) * grid.groups;
+  const int n_blocks = (p.seqlen_k + block_n - 1) / block_n;
+  const int splits = fwd_kv_splits(p, device, tiles, n_blocks);
+  std::string combine;
+  if (p.kv_splits > 0) return splits;
+  if (!requested_split_combine(&combine)) {
+    last_error.clear();  // a bad FLASH_ATTN2_SPLIT_COMBINE: run_fwd says it
+    return splits;
+  }
+  if (!cluster_combine_wanted(p, splits, bucket, combine, device)) return splits;
+  const int more = cluster_kv_splits(tiles, splits, n_blocks, device.num_sms, kMaxClusterSplits);
+  return cluster_combine_wanted(p, more, bucket, combine, device) ? more : splits;
 }
 
 // cudaErrorNotSupported with what is missing; the torch op raises it as NotImplementedError.

@@ -188,4 +188,19 @@ inline bool cluster_combine_pays(int64_t tiles, int splits, int n_blocks, int nu
   return tiles * splits <= num_sms / 2 && blocks_per_split <= 8;
 }
 
+// The split count of a call the cluster combine takes (cluster_combine_pays at fwd_kv_splits's count). Without
+// partials in global memory or a combine kernel a split costs less, so the latency model's optimum (fwd_kv_splits:
+// sqrt(b / a * n_blocks)) moves to more splits: at 1 x 1k, h 32 / 8, d 128 (16 key blocks), 8 splits took 8.6 us
+// against the plan's 4 at 9.6 and 16 at 9.9 (TUNING 152), a / b about 1/4. So sqrt(4 n_blocks), within what the
+// cluster combine pays for: at least 2 key blocks a split, tiles * splits <= SMs / 2, max_splits (the cluster's
+// cap); never fewer than `splits`. One shape measured: TUNING 153 has the A/B this needs.
+inline int cluster_kv_splits(int64_t tiles, int splits, int n_blocks, int num_sms, int max_splits) {
+  const int64_t latency_best = std::llround(std::sqrt(4.0 * double(n_blocks)));
+  const int64_t cap = std::min<int64_t>({latency_best, (num_sms / 2) / std::max<int64_t>(tiles, 1), max_splits,
+                                         n_blocks / 2});
+  if (cap <= splits) return splits;
+  const int blocks_per_split = int((n_blocks + cap - 1) / cap);  // of the counts with these blocks a split, the fewest
+  return (n_blocks + blocks_per_split - 1) / blocks_per_split;
+}
+
 }  // namespace flash_attn2

@@ -655,6 +655,27 @@ def test_cluster_combine_default(batch, seqlen_k, page, clustered, monkeypatch):
         call()
 
 
+@gpu
+def test_cluster_split_plan(monkeypatch):
+    """Where the cluster combine takes a call its plan has more splits (heuristics.h: cluster_kv_splits): batch 1 x
+    1k at 32 / 8 heads, d 128 (16 key blocks, 8 tiles) plans 8 splits instead of the combine kernel's 4; 1 x 4k
+    keeps 8 (half the SMs over 8 tiles); FLASH_ATTN2_SPLIT_COMBINE=kernel plans as before. 128-159 SMs, sm_90."""
+    require_kernel(128, torch.bfloat16)
+    if not clusters_run():
+        pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not 128 <= sms < 160:
+        pytest.skip(f"the expected plans are for 128-159 SMs ({sms} here)")
+
+    def plan(ctx):
+        return int(flash_attn2.get_scheduler_metadata(1, 1, ctx, 32, 8, 128,
+                                                      torch.zeros(1, dtype=torch.int32, device="cuda"))[0])
+    monkeypatch.delenv("FLASH_ATTN2_SPLIT_COMBINE", raising=False)
+    assert (plan(1024), plan(4096)) == (8, 8)
+    monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "kernel")
+    assert (plan(1024), plan(4096)) == (4, 8)
+
+
 def call_with_env(monkeypatch, value, fn):
     monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", value)
     out, names = kernels_run(fn)
