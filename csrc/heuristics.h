@@ -194,7 +194,7 @@ inline bool cluster_combine_pays(int64_t tiles, int splits, int n_blocks, int nu
 // against the plan's 4 at 9.6 and 16 at 9.9 (TUNING 152), a / b about 1/4. So sqrt(4 n_blocks), within what the
 // cluster combine pays for: at least 2 key blocks a split, tiles * splits <= SMs / 2, max_splits (the cluster's
 // cap); never fewer than `splits`. H200, d 128, batch 1-2 x 512-8k, heads 32 / 8, 64 / 8, 32 / 32, 16 / 2,
-// contiguous and pages of 16 (TUNING 153): where the count changes, 0.735-0.899 of the time at the old count.
+// contiguous and pages of 16 (TUNING 153): where the count changes, 0.735-0.902 of the time at the old count.
 inline int cluster_kv_splits(int64_t tiles, int splits, int n_blocks, int num_sms, int max_splits) {
   const int64_t latency_best = std::llround(std::sqrt(4.0 * double(n_blocks)));
   const int64_t cap = std::min<int64_t>({latency_best, (num_sms / 2) / std::max<int64_t>(tiles, 1), max_splits,
