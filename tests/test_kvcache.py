@@ -623,12 +623,7 @@ def test_cluster_combine_default(batch, seqlen_k, page, clustered, monkeypatch):
     narrow kernel (batch-1 decode up to 4k at 32 / 8 heads, d 128) merge in a cluster, long splits and full grids in
     the combine kernel (TUNING 152); "auto" is the same, "kernel" refuses the cluster, anything else raises naming
     the variable. 128-159 SMs (the plans' split counts), sm_90."""
-    require_kernel(128, torch.bfloat16)
-    if not clusters_run():
-        pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if not 128 <= sms < 160:
-        pytest.skip(f"the expected plans are for 128-159 SMs ({sms} here)")
+    require_cluster_plans()
     torch.manual_seed(batch + seqlen_k)
     q = randn(batch, 1, 32, 128, dtype=torch.bfloat16)
     if page is None:
@@ -660,12 +655,7 @@ def test_cluster_split_plan(monkeypatch):
     """Where the cluster combine takes a call its plan has more splits (heuristics.h: cluster_kv_splits): batch 1 x
     1k at 32 / 8 heads, d 128 (16 key blocks, 8 tiles) plans 8 splits instead of the combine kernel's 4; 1 x 4k
     keeps 8 (half the SMs over 8 tiles); FLASH_ATTN2_SPLIT_COMBINE=kernel plans as before. 128-159 SMs, sm_90."""
-    require_kernel(128, torch.bfloat16)
-    if not clusters_run():
-        pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if not 128 <= sms < 160:
-        pytest.skip(f"the expected plans are for 128-159 SMs ({sms} here)")
+    require_cluster_plans()
 
     def plan(ctx):
         return int(flash_attn2.get_scheduler_metadata(1, 1, ctx, 32, 8, 128,
@@ -674,6 +664,17 @@ def test_cluster_split_plan(monkeypatch):
     assert (plan(1024), plan(4096)) == (8, 8)
     monkeypatch.setenv("FLASH_ATTN2_SPLIT_COMBINE", "kernel")
     assert (plan(1024), plan(4096)) == (4, 8)
+
+
+def require_cluster_plans():
+    """Skips unless the plans the cluster tests expect can run: d 128 bf16 built, the cluster combine (clusters_run)
+    and 128-159 SMs (H100, H200: the split counts)."""
+    require_kernel(128, torch.bfloat16)
+    if not clusters_run():
+        pytest.skip("the cluster combine runs on an sm_90 GPU with the build's sm_90 code")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if not 128 <= sms < 160:
+        pytest.skip(f"the expected plans are for 128-159 SMs ({sms} here)")
 
 
 def call_with_env(monkeypatch, value, fn):
