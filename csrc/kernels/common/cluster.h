@@ -7,11 +7,16 @@
 
 #include <cstdint>
 
+#include <cute/arch/cluster_sm90.hpp>  // set_block_rank (mapa)
+
 namespace flash_attn2 {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FLASH_ATTN2_CLUSTERS 1
 #endif
+
+// (The barriers are ours, not CuTe's cluster_arrive / cluster_wait: theirs carry no "memory" clobber, which the
+// shared-memory stores before the barrier and the peers' loads after it need.)
 
 // Every thread of every block in the cluster arrives (release: its shared-memory writes before it are visible to
 // the peers' loads after their wait) and waits (acquire). ptxas makes the release a MEMBAR.ALL.GPU: the arrive
@@ -40,10 +45,8 @@ __device__ __forceinline__ void cluster_barrier_relaxed() {
 // The float at `local` (an address in this block's shared memory) in block `rank`'s shared memory.
 __device__ __forceinline__ float cluster_load(const float* local, int rank) {
 #ifdef FLASH_ATTN2_CLUSTERS
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(local));
-  uint32_t remote;
+  const uint32_t remote = cute::set_block_rank(static_cast<uint32_t>(__cvta_generic_to_shared(local)), uint32_t(rank));
   float value;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
   asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(value) : "r"(remote) : "memory");
   return value;
 #else
