@@ -171,15 +171,18 @@ cudaError_t fail(cudaError_t err, std::string message) {
   return err;
 }
 
-// FLASH_ATTN2_BACKEND (read on every call): "sm80" or "sm90", or "" for unset or "auto"; false, with
-// last_error saying so, for any other value.
-bool requested_backend(std::string* backend) {
-  const char* env = std::getenv("FLASH_ATTN2_BACKEND");
-  *backend = env == nullptr || std::string(env) == "auto" ? "" : env;
-  if (backend->empty() || *backend == "sm80" || *backend == "sm90") return true;
-  fail(cudaErrorInvalidValue, "FLASH_ATTN2_BACKEND must be sm80, sm90, auto or unset, got '" + *backend + "'");
+// A knob read on every call: environment variable `name` as one of `a` or `b`, or "" for unset or "auto"; false,
+// with last_error saying so, for any other value.
+bool requested_choice(const char* name, const char* a, const char* b, std::string* value) {
+  const char* env = std::getenv(name);
+  *value = env == nullptr || std::string(env) == "auto" ? "" : env;
+  if (value->empty() || *value == a || *value == b) return true;
+  fail(cudaErrorInvalidValue, std::string(name) + " must be " + a + ", " + b + ", auto or unset, got '" + *value + "'");
   return false;
 }
+
+// FLASH_ATTN2_BACKEND: "sm80" or "sm90" insists on a path.
+bool requested_backend(std::string* backend) { return requested_choice("FLASH_ATTN2_BACKEND", "sm80", "sm90", backend); }
 
 constexpr const char* kNoSm80Path = "FLASH_ATTN2_BACKEND=sm80, but the SM80 path was not built (FLASH_ATTN2_SM80=1)";
 
@@ -348,48 +351,44 @@ bool uses_split_kernel(const FwdParams& p) {
   return int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitBlockM;  // varlen: max_seqlen_q, the hint
 }
 
-// FLASH_ATTN2_SPLIT_COMBINE (read on every call): "cluster" merges a split call's splits inside a thread block
-// cluster wherever that can run, "kernel" always in the combine kernel, unset or "auto" as cluster_combine_pays
-// (heuristics.h) says. False (last_error set) for any other value.
+// FLASH_ATTN2_SPLIT_COMBINE: "cluster" merges a split call's splits inside a thread block cluster wherever that can
+// run, "kernel" always in the combine kernel, "" as cluster_combine_pays (heuristics.h) says.
 bool requested_split_combine(std::string* mode) {
-  const char* env = std::getenv("FLASH_ATTN2_SPLIT_COMBINE");
-  *mode = env == nullptr || std::string(env) == "auto" ? "" : env;
-  if (mode->empty() || *mode == "cluster" || *mode == "kernel") return true;
-  fail(cudaErrorInvalidValue, "FLASH_ATTN2_SPLIT_COMBINE must be cluster, kernel, auto or unset, got '" + *mode + "'");
-  return false;
+  return requested_choice("FLASH_ATTN2_SPLIT_COMBINE", "cluster", "kernel", mode);
+}
+
+// What a split-KV call's plan depends on (heuristics.h): its (query tile, head group) blocks, its key blocks (of the
+// kernel's key block for the head-dim bucket), and whether the narrow kernel takes it.
+struct SplitShape {
+  int64_t tiles;
+  int n_blocks;
+  bool narrow;
+};
+
+SplitShape split_shape(const FwdParams& p, int bucket) {
+  const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
+  const int block_n = fwd_split_tile_sm80(bucket).block_n;
+  return {int64_t(grid.m_blocks) * grid.groups, (p.seqlen_k + block_n - 1) / block_n,
+          fwd_split_narrow_stages(bucket) > 0 && int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitNarrowRows};
 }
 
 // Whether a split call's kernel merges its splits inside a thread block cluster (launch_split_cluster) rather than
-// in the combine kernel: on sm_90, for fixed-length calls of 2 to kMaxClusterSplits (16) splits, as mode (above)
-// says.
-bool cluster_combine_wanted(const FwdParams& p, int splits, int bucket, const std::string& mode,
+// in the combine kernel: on sm_90, for fixed-length calls of 2 to kMaxClusterSplits (16) splits, as mode
+// (requested_split_combine's) says.
+bool cluster_combine_wanted(const FwdParams& p, const SplitShape& shape, int splits, const std::string& mode,
                             const DeviceInfo& device) {
   if (splits < 2 || splits > kMaxClusterSplits || p.cu_seqlens_q != nullptr || !device_is_sm90()) return false;
   if (!mode.empty()) return mode == "cluster";
-  const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
-  const int block_n = fwd_split_tile_sm80(bucket).block_n;
-  const bool narrow = fwd_split_narrow_stages(bucket) > 0 && int64_t(p.seqlen_q) * split_pack(p) <= kFwdSplitNarrowRows;
-  return cluster_combine_pays(int64_t(grid.m_blocks) * grid.groups, splits, (p.seqlen_k + block_n - 1) / block_n,
-                              device.num_sms, narrow);
+  return cluster_combine_pays(shape.tiles, splits, shape.n_blocks, device.num_sms, shape.narrow);
 }
 
-// The split plan of a split-KV call (heuristics.h), with the kernel's key block for the head-dim bucket; more
-// splits where the cluster combine takes the call (cluster_kv_splits) and still would at the new count.
-int split_count(const FwdParams& p, int bucket, const DeviceInfo& device) {
-  const SplitGrid grid = split_grid(p, kFwdSplitBlockM, 1);
-  const int block_n = fwd_split_tile_sm80(bucket).block_n;
-  const int64_t tiles = int64_t(grid.m_blocks) * grid.groups;
-  const int n_blocks = (p.seqlen_k + block_n - 1) / block_n;
-  const int splits = fwd_kv_splits(p, device, tiles, n_blocks);
-  std::string combine;
-  if (p.kv_splits > 0) return splits;
-  if (!requested_split_combine(&combine)) {
-    last_error.clear();  // a bad FLASH_ATTN2_SPLIT_COMBINE: run_fwd says it
-    return splits;
-  }
-  if (!cluster_combine_wanted(p, splits, bucket, combine, device)) return splits;
-  const int more = cluster_kv_splits(tiles, splits, n_blocks, device.num_sms, kMaxClusterSplits);
-  return cluster_combine_wanted(p, more, bucket, combine, device) ? more : splits;
+// The split plan of a split-KV call (heuristics.h); more splits where the cluster combine takes the call
+// (cluster_kv_splits) and still would at the new count.
+int split_count(const FwdParams& p, const SplitShape& shape, const std::string& mode, const DeviceInfo& device) {
+  const int splits = fwd_kv_splits(p, device, shape.tiles, shape.n_blocks);
+  if (p.kv_splits > 0 || !cluster_combine_wanted(p, shape, splits, mode, device)) return splits;
+  const int more = cluster_kv_splits(shape.tiles, splits, shape.n_blocks, device.num_sms, kMaxClusterSplits);
+  return cluster_combine_wanted(p, shape, more, mode, device) ? more : splits;
 }
 
 // cudaErrorNotSupported with what is missing; the torch op raises it as NotImplementedError.
@@ -455,14 +454,15 @@ cudaError_t run_fwd(const FwdParams& p, cudaStream_t stream) {
     if (!requested_backend(&backend) || !requested_split_combine(&combine)) return cudaErrorInvalidValue;
     if ((fwd = kernels(bucket, p.dtype).fwd_split) == nullptr) return no_kernel(p, "split-KV forward");
     if ((err = current_device_info(&plan.device)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
-    plan.kv_splits = split_count(p, bucket, plan.device);
+    const SplitShape shape = split_shape(p, bucket);
+    plan.kv_splits = split_count(p, shape, combine, plan.device);
     // No partial rows (varlen with a max_seqlen_q hint of 0): every tile runs whole on split 0 anyway.
     if (fwd_split_accum_elems(p, plan.kv_splits) == 0) plan.kv_splits = 1;
     if (plan.kv_splits > 1 && p.split_accum == nullptr) {
       if (p.kv_splits > 1) return fail(cudaErrorInvalidValue, "kv_splits > 1 needs split_accum (fwd_split_accum_elems)");
       plan.kv_splits = 1;
     }
-    plan.cluster_combine = cluster_combine_wanted(p, plan.kv_splits, bucket, combine, plan.device);
+    plan.cluster_combine = cluster_combine_wanted(p, shape, plan.kv_splits, combine, plan.device);
     if ((err = fwd(p, plan, stream)) != cudaSuccess) return fail(err, cudaGetErrorString(err));
     return cudaSuccess;
   }
@@ -509,7 +509,12 @@ int fwd_num_splits(const FwdParams& p) {
   const int bucket = fwd_head_dim_bucket(p.head_dim, p.dtype);
   DeviceInfo device;
   if (bucket == 0 || !uses_split_kernel(p) || current_device_info(&device) != cudaSuccess) return 1;
-  return split_count(p, bucket, device);
+  std::string combine;
+  if (!requested_split_combine(&combine)) {  // run_fwd says it; the plan is the combine kernel's meanwhile
+    last_error.clear();
+    combine = "kernel";
+  }
+  return split_count(p, split_shape(p, bucket), combine, device);
 }
 
 int64_t fwd_split_accum_elems(const FwdParams& p, int num_splits) {
