@@ -472,7 +472,10 @@ void fwd_out(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Ten
   // launches leave the counter unused.
   Tensor tile_counter;
   const char* order_env = std::getenv("FLASH_ATTN2_TILE_ORDER");
-  const std::string order = order_env != nullptr && order_env[0] != '\0' ? std::string(order_env) : tile_order_request;
+  const std::string env_order = order_env != nullptr && std::string(order_env) != "auto" ? order_env : "";
+  TORCH_CHECK(env_order.empty() || env_order == "static" || env_order == "dynamic",
+              "flash_attn2: FLASH_ATTN2_TILE_ORDER must be static, dynamic, auto or unset, got '", env_order, "'");
+  const std::string order = !env_order.empty() ? env_order : tile_order_request;
   if (!cu_seqlens_q && order != "static" && (causal || order == "dynamic")) {
     tile_counter = at::empty({1}, q.options().dtype(at::kInt));
     p.tile_counter = tile_counter.data_ptr<int>();

@@ -200,6 +200,10 @@ def test_tile_order_changes_no_bit(causal, head_dim, monkeypatch):
     with _ops.tile_order("dynamic"):  # the thread's request (the ring's blocks) where the variable is unset
         out, lse = run(None)
     assert torch.equal(out, base_out) and torch.equal(lse, base_lse), "tile_order('dynamic')"
+    out, lse = run("auto")
+    assert torch.equal(out, base_out) and torch.equal(lse, base_lse), "auto"
+    with pytest.raises(RuntimeError, match="FLASH_ATTN2_TILE_ORDER must be static, dynamic, auto or unset, got 'bogus'"):
+        run("bogus")
 
 
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
