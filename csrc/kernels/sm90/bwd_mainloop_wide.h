@@ -94,12 +94,13 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   PipelineState &state = carried.q, &state_do = carried.dout;
   const bool first_share = carried.steps == 0;  // of the block: no dQ share of a last key block to wait for
   const int key0 = n_block * kBlockN + wg * kKeys;  // this warpgroup's first key
-  // MLA (v 128 wide on a kernel of head dim > 128: TUNING 151-152): V's and dO's columns past 128 arrive as TMA's
-  // zeros, so dP = dO V^T contracts over the first 128 (kVSteps of the k blocks), and dV^T's rows past 128 stay zero:
-  // the warpgroups that own only such rows skip dV's GEMM (its accumulator stays cleared; the store clips it).
+  // V at most 128 wide on a kernel of head dim > 128 (MLA, TUNING 151-152 and 157; also a build that serves head dim
+  // 128 on its d 192 kernel): V's and dO's columns past value_head_dim arrive as TMA's zeros, so dP = dO V^T contracts
+  // over the first 128 (kVSteps of the k blocks), and dV^T's rows past value_head_dim stay zero: the warpgroups that
+  // own only such rows skip dV's GEMM (their accumulator stays cleared; the store clips it).
   constexpr int kVSteps = 128 / 16;
   const bool narrow_v = kHeadDim > 128 && value_head_dim(p) <= 128;
-  const bool own_dv = !narrow_v || wg * kDRows < 128;
+  const bool own_dv = wg * kDRows < value_head_dim(p);
   clear(acc_dkt);
   clear(acc_dvt);
   barrier_wait(&smem.k_full, carried.key_blocks & 1);  // K and V
