@@ -94,6 +94,13 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
   PipelineState &state = carried.q, &state_do = carried.dout;
   const bool first_share = carried.steps == 0;  // of the block: no dQ share of a last key block to wait for
   const int key0 = n_block * kBlockN + wg * kKeys;  // this warpgroup's first key
+  // V at most 128 wide on a kernel of head dim > 128 (MLA, TUNING 151-152 and 157; also a build that serves head dim
+  // 128 on its d 192 kernel): V's and dO's columns past value_head_dim arrive as TMA's zeros, so dP = dO V^T contracts
+  // over the first 128 (kVSteps of the k blocks), and dV^T's rows past value_head_dim stay zero: the warpgroups that
+  // own only such rows skip dV's GEMM (their accumulator stays cleared; the store clips it).
+  constexpr int kVSteps = 128 / 16;
+  const bool narrow_v = kHeadDim > 128 && value_head_dim(p) <= 128;
+  const bool own_dv = wg * kDRows < value_head_dim(p);
   clear(acc_dkt);
   clear(acc_dvt);
   barrier_wait(&smem.k_full, carried.key_blocks & 1);  // K and V
@@ -109,7 +116,11 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     Tensor acc_dp = partition_fragment_C(mma_sdp, typename Traits::TileS{});  // ((2, 2, kKeys / 8), 1, 1)
     wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tSrQ(_, _, _, stage), tSrK, acc_s);
     barrier_wait(&smem.do_full[stage_do], state_do.phase);
-    wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
+    if (narrow_v) {
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1, kVSteps>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
+    } else {
+      wgmma</*kZeroInit=*/true, /*kWait=*/-1>(mma_sdp, tdPrdO(_, _, _, stage_do), tdPrV, acc_dp);
+    }
     Tensor S = rowcol_view(acc_s);    // (queries, keys)
     Tensor dP = rowcol_view(acc_dp);  // (queries, keys)
     // P = exp2(S scale log2e - LSE log2e) while dP runs (plain kernels), then dS = P o (dP - D); where a pair
@@ -202,7 +213,8 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows; then its dQ columns, 32 at a
     // time, each part's GEMM issued before the last part is staged for the writer warp (wgmma groups
     // complete in issue order).
-    wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage_do), tdVrP, acc_dvt);
+    // (Without dV's batch the waits below count one batch fewer ahead of dQ's: still dK's and dQ's in issue order.)
+    if (own_dv) wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage_do), tdVrP, acc_dvt);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrQ(_, _, _, stage), tdKrdS, acc_dkt);
     Tensor acc_dq0 = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, 4), 1, 1)
     Tensor acc_dq1 = partition_fragment_C(mma_dq, typename Traits::TiledQ{});  // ((2, 2, 4), 1, 1)

@@ -10,19 +10,22 @@
 namespace flash_attn2::sm90 {
 
 // acc (+)= A B over the k mode, issued by the whole warpgroup as one batch; waits for the batch only when
-// kWait >= 0 (wgmma.wait_group kWait). A is shared memory (a GMMA descriptor tensor) or registers.
-template <bool kZeroInit, int kWait, class TiledMma, class TensorA, class TensorB, class TensorC>
+// kWait >= 0 (wgmma.wait_group kWait). A is shared memory (a GMMA descriptor tensor) or registers. kKSteps > 0:
+// the first kKSteps k blocks only (operands whose columns past them are zeros: MLA's V and dO in the d 192 kernel).
+template <bool kZeroInit, int kWait, int kKSteps = 0, class TiledMma, class TensorA, class TensorB, class TensorC>
 __device__ __forceinline__ void wgmma(TiledMma& mma, TensorA const& tCrA, TensorB const& tCrB, TensorC& acc) {
   using namespace cute;
   constexpr bool kARegisters =
       !std::is_base_of_v<GMMA::DescriptorIterator, typename TensorA::engine_type::iterator>;
   CUTE_STATIC_ASSERT_V(size<2>(tCrA) == size<2>(tCrB));
+  constexpr int kSteps = kKSteps > 0 ? kKSteps : int(decltype(size<2>(tCrA))::value);
+  static_assert(kSteps <= int(decltype(size<2>(tCrA))::value));
   if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TensorA&>(tCrA));
   warpgroup_fence_operand(acc);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
   CUTE_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
+  for (int k = 0; k < kSteps; ++k) {
     cute::gemm(mma, tCrA(_, _, k), tCrB(_, _, k), acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
