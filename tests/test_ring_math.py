@@ -274,3 +274,26 @@ def test_kernel_backend_asks_for_dynamic_tiles(monkeypatch):
     with pytest.raises(RuntimeError, match="tile order must be"):
         _ops.ext.set_tile_order("sideways")
     assert current() == ""
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_ranks_sum_at_most_two_blocks(layout, causal):
+    """ring.py accumulates dq, dk and dv in the inputs' half-precision dtype on 2 ranks (_half_sums), which equals the
+    fp32 sum rounded once only while each query row and each key gets at most two blocks' contributions: every rank's
+    rows over its steps, and each key block's sum over the ranks that hold it (rank b + s at step s)."""
+    world, seqlen = 2, 24
+    for rank in range(world):
+        rows = [0] * (seqlen // world)
+        for step in range(world):
+            for task in ring_tasks(layout, seqlen, world, rank, step, causal):
+                for r in range(task.q[0] + (task.mask == CAUSAL_STRICT), task.q[1]):
+                    rows[r] += 1
+        assert max(rows) <= 2, (rank, rows)
+    for block in range(world):
+        keys = [0] * (seqlen // world)
+        for step in range(world):
+            for task in ring_tasks(layout, seqlen, world, (block + step) % world, step, causal):
+                for c in range(task.k[0], task.k[1] - (task.mask == CAUSAL_STRICT)):
+                    keys[c] += 1
+        assert max(keys) <= 2, (block, keys)
