@@ -252,7 +252,7 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             bdq, bdk, bdv = backend.backward(dout[:, rows], qb, kb, vb, out[:, rows], lse[:, :, rows], block_causal,
                                              scale, deterministic)
             if dq is None and _writes_every_row(task, q.shape[1]):
-                dq = bdq.to(acc, copy=True)
+                dq = bdq.to(acc)  # the block's own output (fresh): on 2 ranks taken as it is, added to in place
             else:
                 if dq is None:
                     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
