@@ -69,22 +69,29 @@ def _half_worker(rank, world, store_path, cases, results):
             q, k, v, dout = (torch.randn(1, seqlen, 2, 16).to(torch.bfloat16) for _ in range(4))
             shard = lambda t: ring._layout_shard(layout, t, rank, world, 1)  # noqa: E731
             ql, kl, vl, dl = (shard(t) for t in (q, k, v, dout))
-            out, lse = ring.ring_forward(ql, kl, vl, layout, causal, 0.25, None, _HalfBackend)
+            fwd = {}
+            for half in (True, False):
+                ring._HALF_SUMS = half
+                fwd[half] = ring.ring_forward(ql, kl, vl, layout, causal, 0.25, None, _HalfBackend)
+            ring._HALF_SUMS = True
+            out, lse = fwd[True]
+            same_fwd = (out.dtype == torch.bfloat16 and torch.equal(out, fwd[False][0].to(torch.bfloat16)) and
+                        torch.equal(lse, fwd[False][1]))
             grads = {}
             for half in (True, False):
                 ring._HALF_SUMS = half
                 grads[half] = ring.ring_backward(dl, ql, kl, vl, out.to(ql.dtype), lse, layout, causal, 0.25, None,
                                                  _HalfBackend, False)
             ring._HALF_SUMS = True
-            results[(rank, i)] = all(torch.equal(a, b) and a.dtype == torch.bfloat16
-                                     for a, b in zip(grads[True], grads[False]))
+            results[(rank, i)] = same_fwd and all(torch.equal(a, b) and a.dtype == torch.bfloat16
+                                                  for a, b in zip(grads[True], grads[False]))
     finally:
         dist.destroy_process_group()
 
 
 def test_half_sums_equal_fp32_sums_on_two_ranks():
-    """On 2 ranks the backward sums dq, dk and dv in bf16 (ring._half_sums): bitwise the fp32 sums cast once, for
-    every layout, causal or not (the reference blocks in bf16)."""
+    """On 2 ranks out, dq, dk and dv stay in bf16 (ring._half_sums): bitwise the fp32 merges and sums cast once, for
+    every layout, causal or not (blocks computed in fp32 from bf16, returned in bf16 as the kernels do)."""
     cases = [(layout, causal) for layout in ("contiguous", "zigzag", "stripe") for causal in (False, True)]
     same = run_ranks(_half_worker, 2, cases)
     assert len(same) == 2 * len(cases) and all(same.values()), same

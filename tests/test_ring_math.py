@@ -218,6 +218,31 @@ def test_merge_kernel_matches_torch(dtype, head_dim, view):
     assert math.isnan(lse[0, 0, 0]) and torch.isnan(out[0, 0, 0]).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_kernel_in_dtype_is_fp32_merge_rounded(dtype):
+    """The merge kernel with out in the block's dtype (MergeParams::out_in_dtype: a 2-rank ring's forward) writes the
+    fp32 merge of the same values rounded once, bitwise, through row-slice views; the torch fallback (a head dim the
+    kernel does not take) rounds the same fp32 merge."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from flash_attn2 import _ops
+    torch.manual_seed(2)
+    for head_dim, kernel in ((128, True), (62, False)):
+        full = torch.randn(2, 40, 5, head_dim, device="cuda").to(dtype)
+        lse = torch.randn(2, 5, 32, device="cuda") * 3
+        bout = torch.randn(2, 32, 5, head_dim, device="cuda").to(dtype)
+        blse = torch.randn(2, 5, 32, device="cuda") * 3
+        lse[0, 1, 3], blse[1, 2, 0] = -math.inf, -math.inf
+        wide, wide_lse = full[:, 8:].float(), lse.clone()
+        assert _ops.ext.merge_partial_(wide.clone(), wide_lse.clone(), bout, blse) == kernel
+        merge_partial(wide, wide_lse, bout, blse)
+        untouched = full[:, :8].clone()
+        merge_partial(full[:, 8:], lse, bout, blse)
+        assert torch.equal(full[:, 8:], wide.to(dtype)) and torch.equal(lse, wide_lse)
+        assert torch.equal(full[:, :8], untouched)
+
+
 @pytest.mark.parametrize("layout,seqlen,world,match", [
     ("zigzag", 10, 4, "divisible by 8"), ("contiguous", 10, 3, "divisible by 3"), ("ring", 8, 2, "layout must be"),
 ])

@@ -3,9 +3,10 @@
 Each rank holds its shard of q, k, v (the layout's tokens: contiguous, zigzag or stripe; `zigzag_shard` /
 `stripe_shard` make them) and gets its shard of the output. K and V travel around the ring (`KVRing`: the caller's
 tensors on the first hop, no copy ahead of it), the next hop's exchange in flight while this step's blocks (the
-shared schedule, `_schedule.ring_tasks`) run; the partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K and V and carries each block's dK / dV
-sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32 (on 2 ranks in the inputs' dtype:
-the same result, `_HALF_SUMS`) and come back in the inputs' dtype.
+shared schedule, `_schedule.ring_tasks`) run; the partial results merge in fp32 (`_merge.merge_partial`). The
+backward re-sends K and V and carries each block's dK / dV sum with it, one more hop bringing every sum home; dq, dk,
+dv accumulate in fp32 and come back in the inputs' dtype. On 2 ranks out, dq, dk and dv stay in the inputs' dtype
+throughout, each sum computed in fp32 and rounded once: the same result (`_half_sums`).
 GQA rotates the kv heads only.
 
 The ring is the custom ops flash_attn2::ring_fwd / ring_bwd (fakes, autograd; the group by name), so
@@ -197,30 +198,6 @@ def _unpack(flat, like):
 
 # ---- Forward and backward ----
 
-def ring_forward(q, k, v, layout, causal, scale, group, backend):
-    """This rank's (out fp32, lse) over every rank's keys."""
-    check_ranks_agree(group, f"ring ({layout})", q, k, v)
-    comm = RingComm(group)
-    seqlen = q.shape[1] * comm.world
-    kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream
-    acc = torch.promote_types(q.dtype, torch.float32)
-    out = lse = None  # from the first block: a copy where it covers every row (every layout's own-keys step)
-    for step, (k_cur, v_cur) in kv.steps():
-        for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
-            qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
-            bout, blse = backend.forward(qb, kb, vb, block_causal, scale, busy=step < comm.world - 1)
-            if out is None and _writes_every_row(task, q.shape[1]):  # every row's first block: a copy, not a merge
-                out = bout.to(acc, copy=True)
-                lse = blse if blse.dtype == acc and blse.is_contiguous() else blse.to(acc)
-                continue
-            if out is None:
-                out = torch.zeros(q.shape, dtype=acc, device=q.device)
-                lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=acc, device=q.device)
-            rows = slice(row0, task.q[1])
-            merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
-    return out, lse
-
-
 # Where every dq row and every dK / dV key gets at most two blocks' contributions (the ring on 2 ranks: the own-keys
 # step and the other rank's, one block each), summing them in the inputs' half-precision dtype is the fp32 sum rounded
 # once: the first contribution is exact in either, and a half-precision add computes in fp32 and rounds. So dq, dk and
@@ -231,6 +208,33 @@ _HALF_SUMS = True
 
 def _half_sums(q, world: int) -> bool:
     return _HALF_SUMS and world == 2 and q.dtype in (torch.float16, torch.bfloat16)
+
+
+def ring_forward(q, k, v, layout, causal, scale, group, backend):
+    """This rank's (out, lse fp32) over every rank's keys: out fp32, or on 2 ranks in the inputs' dtype."""
+    check_ranks_agree(group, f"ring ({layout})", q, k, v)
+    comm = RingComm(group)
+    seqlen = q.shape[1] * comm.world
+    kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream
+    # On 2 ranks out stays in the inputs' dtype: each row merges two blocks, the merge computed in fp32 and rounded
+    # once (_merge.merge_partial), as the fp32 out cast at the end (_half_sums).
+    acc = q.dtype if _half_sums(q, comm.world) else torch.promote_types(q.dtype, torch.float32)
+    lse_dtype = torch.promote_types(q.dtype, torch.float32)
+    out = lse = None  # from the first block: a copy where it covers every row (every layout's own-keys step)
+    for step, (k_cur, v_cur) in kv.steps():
+        for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
+            qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
+            bout, blse = backend.forward(qb, kb, vb, block_causal, scale, busy=step < comm.world - 1)
+            if out is None and _writes_every_row(task, q.shape[1]):  # every row's first block: taken, not merged
+                out = bout.to(acc)  # the block's own output (fresh): as it is where the dtype is already acc's
+                lse = blse.to(lse_dtype).contiguous()
+                continue
+            if out is None:
+                out = torch.zeros(q.shape, dtype=acc, device=q.device)
+                lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
+            rows = slice(row0, task.q[1])
+            merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
+    return out, lse
 
 
 def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic):
