@@ -532,10 +532,12 @@ cudaError_t run_merge_partial(const MergeParams& p, cudaStream_t stream) {
     return fail(cudaErrorInvalidValue, "batch, seqlen and heads must be >= 0, head_dim a positive multiple of 4");
   }
   if (int64_t(p.batch) * p.seqlen * p.heads == 0) return cudaSuccess;  // no row: the pointers may be null
-  if (!p.out || !p.lse || !p.block_out || !p.block_lse) return fail(cudaErrorInvalidValue, "out, lse, block_out and block_lse must be set");
+  if (!(p.out != nullptr) == !(p.out_in_dtype != nullptr) || !p.lse || !p.block_out || !p.block_lse) {
+    return fail(cudaErrorInvalidValue, "one of out and out_in_dtype, and lse, block_out and block_lse must be set");
+  }
   if (!merge_layout_supported(p)) {
-    return fail(cudaErrorInvalidValue, "out's and block_out's strides must be multiples of 4 elements, out 16-byte and "
-                                       "block_out 8-byte aligned");
+    return fail(cudaErrorInvalidValue, "out's and block_out's strides must be multiples of 4 elements, out 16-byte (in "
+                                       "dtype 8-byte) and block_out 8-byte aligned");
   }
   if (cudaError_t err = pending_error()) return err;
   if (cudaError_t err = launch_merge_partial(p, stream)) return fail(err, cudaGetErrorString(err));

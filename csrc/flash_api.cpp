@@ -919,9 +919,9 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd(const Tensor& grad_out, const Tensor
 
 // ---------------------------------------------------------------------------------------------------
 // flash_attn2/distributed/_merge.py's merge_partial in one kernel (run_merge_partial) where the tensors suit it: out
-// (batch, seqlen, heads, d) and lse (batch, heads, seqlen) fp32 on one CUDA device, block_out of out's shape in
-// fp16 / bf16, block_lse fp32 of lse's; d a multiple of 4, unit last strides, the alignments the kernel takes.
-// False (nothing done) otherwise: the caller merges with torch ops.
+// (batch, seqlen, heads, d) fp32 or in block_out's dtype (MergeParams::out_in_dtype) and lse (batch, heads, seqlen)
+// fp32 on one CUDA device, block_out of out's shape in fp16 / bf16, block_lse fp32 of lse's; d a multiple of 4, unit
+// last strides, the alignments the kernel takes. False (nothing done) otherwise: the caller merges with torch ops.
 bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Tensor& block_lse) {
   // A stride of 0 over more than one element would have warps write one row at once (the torch ops refuse it).
   auto no_overlap = [](const Tensor& t) {
@@ -930,7 +930,9 @@ bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Ten
     }
     return true;
   };
-  if (!out.is_cuda() || !no_overlap(out) || !no_overlap(lse) || out.scalar_type() != at::kFloat || lse.scalar_type() != at::kFloat ||
+  const bool out_in_dtype = out.scalar_type() == block_out.scalar_type();
+  if (!out.is_cuda() || !no_overlap(out) || !no_overlap(lse) || (out.scalar_type() != at::kFloat && !out_in_dtype) ||
+      lse.scalar_type() != at::kFloat ||
       block_lse.scalar_type() != at::kFloat ||
       (block_out.scalar_type() != at::kHalf && block_out.scalar_type() != at::kBFloat16) || out.dim() != 4 ||
       lse.dim() != 3 || block_out.sizes() != out.sizes() || block_lse.sizes() != lse.sizes() ||
@@ -944,7 +946,12 @@ bool merge_partial_(Tensor& out, Tensor& lse, const Tensor& block_out, const Ten
   flash_attn2::MergeParams p{};
   p.dtype = block_out.scalar_type() == at::kHalf ? DType::kFloat16 : DType::kBFloat16;
   p.batch = int(out.size(0)), p.seqlen = int(out.size(1)), p.heads = int(out.size(2)), p.head_dim = int(out.size(3));
-  p.out = out.data_ptr<float>(), p.lse = lse.data_ptr<float>();
+  if (out_in_dtype) {
+    p.out_in_dtype = out.data_ptr();
+  } else {
+    p.out = out.data_ptr<float>();
+  }
+  p.lse = lse.data_ptr<float>();
   p.block_out = block_out.data_ptr(), p.block_lse = block_lse.data_ptr<float>();
   p.out_batch_stride = out.stride(0), p.out_row_stride = out.stride(1), p.out_head_stride = out.stride(2);
   p.lse_batch_stride = lse.stride(0), p.lse_head_stride = lse.stride(1), p.lse_row_stride = lse.stride(2);

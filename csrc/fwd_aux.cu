@@ -177,7 +177,8 @@ __global__ void kv_append_kernel(const __grid_constant__ KvAppendParams p) {
 // One warp per (batch entry, row, head) of a ring step's merge (MergeParams): the two LSEs into the merged one and
 // each side's weight, then out = out w_a + block w_b four columns a lane. The weights sum to 1 (lse' = log(e^a +
 // e^b)), and are 0 for a row neither side has a key for. Every lane reads the row's LSEs before lane 0 writes one.
-template <typename T>
+// kOutInDtype: out in T (MergeParams::out_in_dtype), converted to fp32, merged as fp32 out is, rounded once.
+template <typename T, bool kOutInDtype>
 __global__ void __launch_bounds__(kWarps * 32) merge_partial_kernel(const __grid_constant__ MergeParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;  // (batch, row, head) flattened
@@ -196,18 +197,32 @@ __global__ void __launch_bounds__(kWarps * 32) merge_partial_kernel(const __grid
     const float e_a = expf(l_a - m), e_b = expf(l_b - m), sum = e_a + e_b;
     w_a = e_a / sum, w_b = e_b / sum, merged = m + logf(sum);
   }
-  float* out = p.out + b * p.out_batch_stride + s * p.out_row_stride + h * p.out_head_stride;
+  const int64_t out_offset = b * p.out_batch_stride + s * p.out_row_stride + h * p.out_head_stride;
   const T* block = static_cast<const T*>(p.block_out) + b * p.block_batch_stride + s * p.block_row_stride +
                    h * p.block_head_stride;
   for (int c = lane * 4; c < p.head_dim; c += 32 * 4) {
-    float4 o = *reinterpret_cast<const float4*>(out + c);
+    float4 o;
+    if constexpr (kOutInDtype) {
+      const uint2 held = *reinterpret_cast<const uint2*>(static_cast<const T*>(p.out_in_dtype) + out_offset + c);
+      const T* y = reinterpret_cast<const T*>(&held);
+      o = make_float4(to_float(y[0]), to_float(y[1]), to_float(y[2]), to_float(y[3]));
+    } else {
+      o = *reinterpret_cast<const float4*>(p.out + out_offset + c);
+    }
     const uint2 raw = *reinterpret_cast<const uint2*>(block + c);  // four 16-bit values
     const T* x = reinterpret_cast<const T*>(&raw);
     o.x = o.x * w_a + to_float(x[0]) * w_b;
     o.y = o.y * w_a + to_float(x[1]) * w_b;
     o.z = o.z * w_a + to_float(x[2]) * w_b;
     o.w = o.w * w_a + to_float(x[3]) * w_b;
-    *reinterpret_cast<float4*>(out + c) = o;
+    if constexpr (kOutInDtype) {
+      uint2 merged_raw;
+      T* y = reinterpret_cast<T*>(&merged_raw);
+      y[0] = from_float<T>(o.x), y[1] = from_float<T>(o.y), y[2] = from_float<T>(o.z), y[3] = from_float<T>(o.w);
+      *reinterpret_cast<uint2*>(static_cast<T*>(p.out_in_dtype) + out_offset + c) = merged_raw;
+    } else {
+      *reinterpret_cast<float4*>(p.out + out_offset + c) = o;
+    }
   }
   __syncwarp();
   if (lane == 0) *lse = merged;
@@ -236,8 +251,13 @@ cudaError_t launch_warp_items(void (*half)(Params), void (*bf16)(Params), DType 
 }
 
 cudaError_t launch_merge_partial(const MergeParams& p, cudaStream_t stream) {
-  return launch_warp_items(&merge_partial_kernel<__half>, &merge_partial_kernel<__nv_bfloat16>, p.dtype,
-                           int64_t(p.batch) * p.seqlen * p.heads, stream, p);
+  const int64_t items = int64_t(p.batch) * p.seqlen * p.heads;
+  if (p.out_in_dtype != nullptr) {
+    return launch_warp_items(&merge_partial_kernel<__half, true>, &merge_partial_kernel<__nv_bfloat16, true>, p.dtype,
+                             items, stream, p);
+  }
+  return launch_warp_items(&merge_partial_kernel<__half, false>, &merge_partial_kernel<__nv_bfloat16, false>, p.dtype,
+                           items, stream, p);
 }
 
 cudaError_t launch_kv_append(const KvAppendParams& p, cudaStream_t stream) {

@@ -44,6 +44,59 @@ def test_ring_over_gloo(world):
     assert not bad, bad
 
 
+class _HalfBackend:
+    """The kernels' dtypes on the CPU: blocks computed in fp32 from bf16 inputs, out and the gradients returned in
+    bf16, lse in fp32."""
+
+    @staticmethod
+    def forward(q, k, v, causal, scale, busy=True):
+        out, lse = attention_ref(q.float(), k.float(), v.float(), causal, scale)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
+        from flash_attn2.testing import attention_bwd_ref
+        grads = attention_bwd_ref(q.float(), k.float(), v.float(), out.float(), lse, dout.float(), causal, scale)
+        return tuple(g.to(q.dtype) for g in grads)
+
+
+def _half_worker(rank, world, store_path, cases, results):
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        for i, (layout, causal) in enumerate(cases):
+            torch.manual_seed(i)
+            seqlen = 2 * world * 4
+            q, k, v, dout = (torch.randn(1, seqlen, 2, 16).to(torch.bfloat16) for _ in range(4))
+            shard = lambda t: ring._layout_shard(layout, t, rank, world, 1)  # noqa: E731
+            ql, kl, vl, dl = (shard(t) for t in (q, k, v, dout))
+            fwd = {}
+            for half in (True, False):
+                ring._HALF_SUMS = half
+                fwd[half] = ring.ring_forward(ql, kl, vl, layout, causal, 0.25, None, _HalfBackend)
+            ring._HALF_SUMS = True
+            out, lse = fwd[True]
+            same_fwd = (out.dtype == torch.bfloat16 and torch.equal(out, fwd[False][0].to(torch.bfloat16)) and
+                        torch.equal(lse, fwd[False][1]))
+            grads = {}
+            for half in (True, False):
+                ring._HALF_SUMS = half
+                grads[half] = ring.ring_backward(dl, ql, kl, vl, out.to(ql.dtype), lse, layout, causal, 0.25, None,
+                                                 _HalfBackend, False)
+            ring._HALF_SUMS = True
+            results[(rank, i)] = same_fwd and all(torch.equal(a, b) and a.dtype == torch.bfloat16
+                                                  for a, b in zip(grads[True], grads[False]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_half_sums_equal_fp32_sums_on_two_ranks():
+    """On 2 ranks out, dq, dk and dv stay in bf16 (ring._half_sums): bitwise the fp32 merges and sums cast once, for
+    every layout, causal or not (blocks computed in fp32 from bf16, returned in bf16 as the kernels do)."""
+    cases = [(layout, causal) for layout in ("contiguous", "zigzag", "stripe") for causal in (False, True)]
+    same = run_ranks(_half_worker, 2, cases)
+    assert len(same) == 2 * len(cases) and all(same.values()), same
+
+
 def test_bad_use_raises_before_any_collective():
     q = torch.zeros(1, 4, 2, 8)
     with pytest.raises(NotImplementedError, match="window_size"):

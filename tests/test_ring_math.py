@@ -218,6 +218,31 @@ def test_merge_kernel_matches_torch(dtype, head_dim, view):
     assert math.isnan(lse[0, 0, 0]) and torch.isnan(out[0, 0, 0]).all()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_merge_kernel_in_dtype_is_fp32_merge_rounded(dtype):
+    """The merge kernel with out in the block's dtype (MergeParams::out_in_dtype: a 2-rank ring's forward) writes the
+    fp32 merge of the same values rounded once, bitwise, through row-slice views; the torch fallback (a head dim the
+    kernel does not take) rounds the same fp32 merge."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from flash_attn2 import _ops
+    torch.manual_seed(2)
+    for head_dim, kernel in ((128, True), (62, False)):
+        full = torch.randn(2, 40, 5, head_dim, device="cuda").to(dtype)
+        lse = torch.randn(2, 5, 32, device="cuda") * 3
+        bout = torch.randn(2, 32, 5, head_dim, device="cuda").to(dtype)
+        blse = torch.randn(2, 5, 32, device="cuda") * 3
+        lse[0, 1, 3], blse[1, 2, 0] = -math.inf, -math.inf
+        wide, wide_lse = full[:, 8:].float(), lse.clone()
+        assert _ops.ext.merge_partial_(wide.clone(), wide_lse.clone(), bout, blse) == kernel
+        merge_partial(wide, wide_lse, bout, blse)
+        untouched = full[:, :8].clone()
+        merge_partial(full[:, 8:], lse, bout, blse)
+        assert torch.equal(full[:, 8:], wide.to(dtype)) and torch.equal(lse, wide_lse)
+        assert torch.equal(full[:, :8], untouched)
+
+
 @pytest.mark.parametrize("layout,seqlen,world,match", [
     ("zigzag", 10, 4, "divisible by 8"), ("contiguous", 10, 3, "divisible by 3"), ("ring", 8, 2, "layout must be"),
 ])
@@ -274,3 +299,26 @@ def test_kernel_backend_asks_for_dynamic_tiles(monkeypatch):
     with pytest.raises(RuntimeError, match="tile order must be"):
         _ops.ext.set_tile_order("sideways")
     assert current() == ""
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_ranks_sum_at_most_two_blocks(layout, causal):
+    """ring.py accumulates dq, dk and dv in the inputs' half-precision dtype on 2 ranks (_half_sums), which equals the
+    fp32 sum rounded once only while each query row and each key gets at most two blocks' contributions: every rank's
+    rows over its steps, and each key block's sum over the ranks that hold it (rank b + s at step s)."""
+    world, seqlen = 2, 24
+    for rank in range(world):
+        rows = [0] * (seqlen // world)
+        for step in range(world):
+            for task in ring_tasks(layout, seqlen, world, rank, step, causal):
+                for r in range(task.q[0] + (task.mask == CAUSAL_STRICT), task.q[1]):
+                    rows[r] += 1
+        assert max(rows) <= 2, (rank, rows)
+    for block in range(world):
+        keys = [0] * (seqlen // world)
+        for step in range(world):
+            for task in ring_tasks(layout, seqlen, world, (block + step) % world, step, causal):
+                for c in range(task.k[0], task.k[1] - (task.mask == CAUSAL_STRICT)):
+                    keys[c] += 1
+        assert max(keys) <= 2, (block, keys)

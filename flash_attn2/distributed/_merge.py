@@ -14,9 +14,17 @@ def merge_partial(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor,
     On CUDA with fp32 out / lse and an fp16 / bf16 block (a ring step's), one kernel does it in one pass over out
     and the block (csrc/fwd_aux.cu: merge_partial_kernel). Otherwise torch ops: two passes over out (a scale, then a
     fused multiply-add of the block in its own dtype), the per-row weights computed on the small lse tensors, never
-    on out-sized temporaries."""
+    on out-sized temporaries.
+
+    out may also be in the block's fp16 / bf16 (a 2-rank ring's, whose rows merge two blocks): computed in fp32 as
+    above and rounded once, what the fp32 out then cast gives (the kernel, or the same torch ops on an fp32 copy)."""
     if _kernel_serves(out, lse, block_out, block_lse) and _merge_kernel(out, lse, block_out, block_lse):
         torch.autograd.graph.increment_version((out, lse))  # written through raw pointers: autograd must know
+        return
+    if out.dtype in (torch.float16, torch.bfloat16):
+        wide = out.to(lse.dtype)
+        merge_partial(wide, lse, block_out, block_lse)
+        out.copy_(wide)
         return
     block_lse = block_lse.to(lse.dtype)
     new = torch.logaddexp(lse, block_lse)

@@ -3,8 +3,10 @@
 Each rank holds its shard of q, k, v (the layout's tokens: contiguous, zigzag or stripe; `zigzag_shard` /
 `stripe_shard` make them) and gets its shard of the output. K and V travel around the ring (`KVRing`: the caller's
 tensors on the first hop, no copy ahead of it), the next hop's exchange in flight while this step's blocks (the
-shared schedule, `_schedule.ring_tasks`) run; the partial results merge in fp32 (`_merge.merge_partial`). The backward re-sends K and V and carries each block's dK / dV
-sum with it, one more hop bringing every sum home; dq, dk, dv accumulate in fp32 and come back in the inputs' dtype.
+shared schedule, `_schedule.ring_tasks`) run; the partial results merge in fp32 (`_merge.merge_partial`). The
+backward re-sends K and V and carries each block's dK / dV sum with it, one more hop bringing every sum home; dq, dk,
+dv accumulate in fp32 and come back in the inputs' dtype. On 2 ranks out, dq, dk and dv stay in the inputs' dtype
+throughout, each sum computed in fp32 and rounded once: the same result (`_half_sums`).
 GQA rotates the kv heads only.
 
 The ring is the custom ops flash_attn2::ring_fwd / ring_bwd (fakes, autograd; the group by name), so
@@ -27,12 +29,13 @@ class KernelBackend:
     """flash_attn2's forward and backward ops on one block."""
 
     @staticmethod
-    def forward(q, k, v, causal, scale):
+    def forward(q, k, v, causal, scale, busy=True):
         from .. import _ops
-        # Non-causal blocks take their query tiles from a counter as the persistent blocks free up: NCCL's kernel,
-        # spinning until the peer posts, holds SMs when a block starts, and with static slots the blocks behind it
-        # finish late (4 H200s, 128k forward: 67.3 -> 57.1 ms; 512k: 966 -> 911; TUNING 148).
-        with _ops.tile_order("dynamic"):
+        # While a hop is in flight (busy), non-causal blocks take their query tiles from a counter as the persistent
+        # blocks free up: NCCL's kernel, spinning until the peer posts, holds SMs when a block starts, and with static
+        # slots the blocks behind it finish late (4 H200s, 128k forward: 67.3 -> 57.1 ms; 512k: 966 -> 911; TUNING
+        # 148). Without one (the last step) the static slots, which the counter costs 1-4 %.
+        with _ops.tile_order("dynamic" if busy else ""):
             out, lse, _ = _ops.fwd(q, k, v, None, None, 0, 0, scale, causal, -1, -1, 0.0, None, False)
         return out, lse
 
@@ -47,7 +50,7 @@ class ReferenceBackend:
     """flash_attn2.testing's reference attention (any device and dtype; for tests)."""
 
     @staticmethod
-    def forward(q, k, v, causal, scale):
+    def forward(q, k, v, causal, scale, busy=True):
         from ..testing import attention_ref
         return attention_ref(q, k, v, causal, scale)
 
@@ -195,45 +198,55 @@ def _unpack(flat, like):
 
 # ---- Forward and backward ----
 
+# Where every dq row and every dK / dV key gets at most two blocks' contributions (the ring on 2 ranks: the own-keys
+# step and the other rank's, one block each), summing them in the inputs' half-precision dtype is the fp32 sum rounded
+# once: the first contribution is exact in either, and a half-precision add computes in fp32 and rounds. So dq, dk and
+# dv accumulate in the inputs' dtype there, the sums travel in it (half the bytes of the last, exposed hop) and no
+# final cast is left; elsewhere in fp32. (A module flag for the tests that compare both.)
+_HALF_SUMS = True
+
+
+def _half_sums(q, world: int) -> bool:
+    return _HALF_SUMS and world == 2 and q.dtype in (torch.float16, torch.bfloat16)
+
+
 def ring_forward(q, k, v, layout, causal, scale, group, backend):
-    """This rank's (out fp32, lse) over every rank's keys."""
+    """This rank's (out, lse fp32) over every rank's keys: out fp32, or on 2 ranks in the inputs' dtype."""
     check_ranks_agree(group, f"ring ({layout})", q, k, v)
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
     kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream
-    acc = torch.promote_types(q.dtype, torch.float32)
-    lse_shape = (q.shape[0], q.shape[2], q.shape[1])
-    if _writes_every_row(ring_tasks(layout, seqlen, comm.world, comm.rank, 0, causal)[0], q.shape[1]):
-        # The own-keys step's first block covers every row (every layout's, causal or not): copied, not merged,
-        # so out and lse need no fill.
-        out, lse = torch.empty(q.shape, dtype=acc, device=q.device), torch.empty(lse_shape, dtype=acc, device=q.device)
-    else:
-        out = torch.zeros(q.shape, dtype=acc, device=q.device)
-        lse = torch.full(lse_shape, float("-inf"), dtype=acc, device=q.device)
-    first = True  # no block merged yet
+    # On 2 ranks out stays in the inputs' dtype: each row merges two blocks, the merge computed in fp32 and rounded
+    # once (_merge.merge_partial), as the fp32 out cast at the end (_half_sums).
+    acc = q.dtype if _half_sums(q, comm.world) else torch.promote_types(q.dtype, torch.float32)
+    lse_dtype = torch.promote_types(q.dtype, torch.float32)
+    out = lse = None  # from the first block: a copy where it covers every row (every layout's own-keys step)
     for step, (k_cur, v_cur) in kv.steps():
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, _ = _block(task, q, k_cur, v_cur)
-            bout, blse = backend.forward(qb, kb, vb, block_causal, scale)
+            bout, blse = backend.forward(qb, kb, vb, block_causal, scale, busy=step < comm.world - 1)
+            if out is None and _writes_every_row(task, q.shape[1]):  # every row's first block: taken, not merged
+                out = bout.to(acc)  # the block's own output (fresh): as it is where the dtype is already acc's
+                lse = blse.to(lse_dtype).contiguous()
+                continue
+            if out is None:
+                out = torch.zeros(q.shape, dtype=acc, device=q.device)
+                lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), dtype=lse_dtype, device=q.device)
             rows = slice(row0, task.q[1])
-            if first and _writes_every_row(task, q.shape[1]):  # every row's first block: a copy, not a merge
-                out.copy_(bout)
-                lse.copy_(blse)
-            else:
-                merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
-            first = False
+            merge_partial(out[:, rows], lse[:, :, rows], bout, blse)
     return out, lse
 
 
 def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic):
     """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries. The keys and values go around again
     (the next hop in flight during this step's blocks); the held block's dK / dV sum travels one hop behind them
-    (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home."""
+    (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home,
+    as two tensors (dk, dv: outputs of the op may not alias)."""
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
     kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream
-    acc = torch.promote_types(q.dtype, torch.float32)
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    acc = q.dtype if _half_sums(q, comm.world) else torch.promote_types(q.dtype, torch.float32)
+    dq = None  # from the first block: a copy where it covers every row
     sums_in = None  # the held block's dK / dV sum so far, arriving from the previous rank
     for step, (k_cur, v_cur) in kv.steps():
         grads = []  # the step's blocks' dK / dV, added once the sums have arrived (the kernels run meanwhile)
@@ -242,23 +255,40 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
             rows = slice(row0, task.q[1])
             bdq, bdk, bdv = backend.backward(dout[:, rows], qb, kb, vb, out[:, rows], lse[:, :, rows], block_causal,
                                              scale, deterministic)
-            dq[:, rows] += bdq
+            if dq is None and _writes_every_row(task, q.shape[1]):
+                dq = bdq.to(acc)  # the block's own output (fresh): on 2 ranks taken as it is, added to in place
+            else:
+                if dq is None:
+                    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+                dq[:, rows] += bdq
             grads.append((keys, bdk, bdv))
-        # The held block's dK / dV in one flat fp32 buffer, sent on as it is: at step 0 a new one, later the one
-        # that arrived from the previous rank (a fresh receive buffer each hop), added to in place: no zeroing and
-        # no separate pass adding two sums a step (ring-flash-attn adds into the received buffer too).
-        sums = torch.zeros(k.numel() + v.numel(), dtype=acc, device=k.device) if sums_in is None else _wait(sums_in)
-        dk, dv = _unpack(sums, (k, v))
+        # The held block's dK / dV in one flat buffer, sent on as it is: at step 0 a new one (the first block's
+        # dK / dV copied in where it covers every key, else zeros), later the one that arrived from the previous rank
+        # (a fresh receive buffer each hop), added to in place (ring-flash-attn adds into the received buffer too).
+        if sums_in is not None:
+            sums = _wait(sums_in)
+            dk, dv = _unpack(sums, (k, v))
+        else:
+            every_key = grads and grads[0][0] == (0, k.shape[1])
+            make = torch.empty if every_key else torch.zeros
+            sums = make(k.numel() + v.numel(), dtype=acc, device=k.device)
+            dk, dv = _unpack(sums, (k, v))
+            if every_key:
+                (_, bdk, bdv), grads = grads[0], grads[1:]
+                dk.copy_(bdk)
+                dv.copy_(bdv)
         for keys, bdk, bdv in grads:
             dk[:, keys[0]:keys[1]] += bdk
             dv[:, keys[0]:keys[1]] += bdv
         if comm.world == 1:  # nothing to send: the sums are this rank's own block's already
-            break
-        sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
-    else:
-        dk, dv = _unpack(_wait(sums_in), (k, v))  # this rank's own block, from every rank
-    # Copies even where the dtype is the accumulator's: dk and dv are views of one buffer.
-    return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
+            return dq.to(q.dtype), dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)  # dk, dv: views of one buffer
+        if step < comm.world - 1:
+            sums_in = comm.exchange(sums, tag=1)  # on to the next rank, which holds this block next
+        else:  # the world-th hop, every sum home: two buffers
+            sums_in = comm.exchange((dk, dv), tag=1)
+    dq = dq.to(q.dtype)  # queued before the last wait: it runs while the sums come home
+    dk, dv = _wait(sums_in)
+    return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
 # ---- The ring as torch custom ops (fakes, autograd), so that torch.compile traces a model through it without a

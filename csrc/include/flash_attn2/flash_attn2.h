@@ -277,6 +277,9 @@ struct MergeParams {
   int batch = 0, seqlen = 0, heads = 0, head_dim = 0;
   float* out = nullptr;
   float* lse = nullptr;
+  // Instead of out (which stays null): the result so far in dtype, read and written in place, the merge computed in
+  // fp32 and rounded once (a ring of 2 ranks, whose rows merge two blocks: the fp32 merge cast once, bitwise).
+  void* out_in_dtype = nullptr;
   const void* block_out = nullptr;
   const float* block_lse = nullptr;
   int64_t out_batch_stride = 0, out_row_stride = 0, out_head_stride = 0;
@@ -288,9 +291,10 @@ struct MergeParams {
 // Whether out's and block_out's strides and alignments are the ones the merge kernel takes (above): run_merge_partial
 // refuses others; a caller with a fallback of its own tests this first.
 inline bool merge_layout_supported(const MergeParams& p) {
+  const uintptr_t out = p.out != nullptr ? reinterpret_cast<uintptr_t>(p.out) : reinterpret_cast<uintptr_t>(p.out_in_dtype);
   return p.out_batch_stride % 4 == 0 && p.out_row_stride % 4 == 0 && p.out_head_stride % 4 == 0 &&
          p.block_batch_stride % 4 == 0 && p.block_row_stride % 4 == 0 && p.block_head_stride % 4 == 0 &&
-         reinterpret_cast<uintptr_t>(p.out) % 16 == 0 && reinterpret_cast<uintptr_t>(p.block_out) % 8 == 0;
+         out % (p.out != nullptr ? 16 : 8) == 0 && reinterpret_cast<uintptr_t>(p.block_out) % 8 == 0;
 }
 
 // Enqueues the merge (one kernel, one warp per (batch, row, head), one pass over out and block_out). Errors as
