@@ -255,3 +255,38 @@ def _mismatch_worker(rank, world, store_path, results):
 def test_mismatched_shapes_raise_on_every_rank():
     got = run_ranks(_mismatch_worker, 2)
     assert all("shapes and dtypes differ" in got[r] for r in (0, 1)), got
+
+
+def _refusal_worker(rank, world, store_path, results):
+    import datetime
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))  # a regression fails here instead of hanging
+    try:
+        q = torch.randn(1, 8, 2, 8, dtype=torch.float64)
+        cases = {  # rank 1's call: refused by its own checks, rank 0's passes them
+            "length": (q[:, :5] if rank == 1 else q, (-1, -1)),  # zigzag over 2 ranks: 10 rows, not in 4 chunks
+            "window": (q, (4, 0) if rank == 1 else (-1, -1)),
+            "dtype": (q.float() if rank == 1 else q, (-1, -1)),  # passes both ranks' checks: the agreement's
+        }
+        for name, (x, window) in cases.items():
+            try:
+                ring._ring_func("zigzag", x, x, x, 0.0, None, True, window, None, False, False, None,
+                                backend=ring.ReferenceBackend)
+                results[(rank, name)] = "no error"
+            except (ValueError, NotImplementedError) as e:
+                results[(rank, name)] = f"{type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_rank_refusing_a_call_makes_every_rank_raise():
+    """A rank whose own checks refuse a call (here a length the zigzag layout cannot split, a window the ring does not
+    take) joins the shape agreement with its error (ring.refuse_with_peers): its peer, whose checks passed, raises a
+    ValueError naming it instead of waiting in the ring for its transfers. Dtypes that differ across ranks: a
+    ValueError on both from the agreement."""
+    got = run_ranks(_refusal_worker, 2)
+    assert got[(1, "length")].startswith("ValueError") and "divisible" in got[(1, "length")], got
+    assert got[(1, "window")].startswith("NotImplementedError") and "window_size" in got[(1, "window")], got
+    for name in ("length", "window"):
+        assert got[(0, name)].startswith("ValueError") and "rank 1 refused the call" in got[(0, name)], got
+    assert all(got[(r, "dtype")].startswith("ValueError") and "float32" in got[(r, "dtype")] for r in (0, 1)), got

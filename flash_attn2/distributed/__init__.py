@@ -2,14 +2,17 @@
 
 ring-flash-attn 0.1.8's functions on flash_attn2's kernels (`ring.py`): ring_flash_attn_func (contiguous shards),
 zigzag_ring_flash_attn_func (zigzag_shard: balanced causal work), stripe_flash_attn_func (stripe_shard), forward and
-backward, GQA without expanding K / V, fp32 merges and gradient sums. They share one pure-Python schedule
+backward, GQA without expanding K / V, fp32 merges and gradient sums (on 2 ranks the sums stay in the inputs'
+dtype: at most two contributions a row or key, bitwise the fp32 sum rounded once). They share one pure-Python schedule
 (`_schedule.py`: which rank computes which (query, key) block with which mask at each ring step) and the -inf-safe
 merge (`_merge.py`) with the single-process emulation (tests/test_ring_math.py) and the gloo tests
 (tests/test_ring_gloo.py). The all-gather form (`llama3.py`: llama3_flash_attn_varlen_func with its prepare step)
 takes packed documents of any length, GQA and causal windows; `ring_varlen.py` the ring and zigzag over packed
 documents (each split over the ranks, local cu_seqlens); `packed.py` every function's qkv- and kv-packed form.
 Communication overlaps compute in both directions; the dense rings are torch custom ops (torch.compile traces through
-them). Status (issue #51): checked on the CPU (emulation, gloo); the NCCL tests and the benchmark have not run yet.
+them). A rank whose own checks refuse a call tells its peers in their shape agreement (ring.refuse_with_peers), so
+that every rank raises instead of one waiting in the ring. Status (issue #51): the CPU tests (emulation, gloo) and
+the NCCL tests on 2 and 4 H200s pass; benchmarks/ring_bench.py's rows are in benchmarks/results.
 `import flash_attn2` never imports this package.
 """
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .ring import refuse_unsupported
+from .ring import refuse_unsupported, refuse_with_peers
 
 
 def llama3_flash_attn_prepare_cu_seqlens(cu_seqlens: torch.Tensor, causal: bool, rank: int, world_size: int):
@@ -165,21 +165,25 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
     packed sequence, cu_seqlens_q / _k, max_seqlen_q / _k and local_k_slice from llama3_flash_attn_prepare_cu_seqlens;
     heads_k_stride kv heads gathered at a time (a divisor of k's heads). Returns the local out (and with
     return_attn_probs, (out, lse (heads, local tokens), None))."""
-    refuse_unsupported("the all-gather path", q, v, dropout_p)
-    if alibi_slopes is not None:
-        raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the all-gather path is not supported")
     window = (int(window_size[0]), int(window_size[1]))
-    if not causal and window != (-1, -1):
-        # Non-causal pieces take their document's keys to its end, so a piece that stops before it is not
-        # bottom-right aligned with its keys: the kernels' window would sit in the wrong place (causal pieces end
-        # where their keys end).
-        raise NotImplementedError("flash_attn2.distributed: window_size without causal on the all-gather path is not "
-                                  "supported")
-    if heads_k_stride < 1 or k.shape[1] % heads_k_stride:
-        raise ValueError(f"flash_attn2.distributed: heads_k_stride ({heads_k_stride}) must divide k's heads "
-                         f"({k.shape[1]})")
-    if not dist.is_initialized():
-        raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
+    try:
+        refuse_unsupported("the all-gather path", q, v, dropout_p)
+        if alibi_slopes is not None:
+            raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the all-gather path is not supported")
+        if not causal and window != (-1, -1):
+            # Non-causal pieces take their document's keys to its end, so a piece that stops before it is not
+            # bottom-right aligned with its keys: the kernels' window would sit in the wrong place (causal pieces
+            # end where their keys end).
+            raise NotImplementedError("flash_attn2.distributed: window_size without causal on the all-gather path is "
+                                      "not supported")
+        if heads_k_stride < 1 or k.shape[1] % heads_k_stride:
+            raise ValueError(f"flash_attn2.distributed: heads_k_stride ({heads_k_stride}) must divide k's heads "
+                             f"({k.shape[1]})")
+        if not dist.is_initialized():
+            raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
+                             "first)")
+    except (ValueError, NotImplementedError) as error:
+        refuse_with_peers(group, error)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     out, lse = _Llama3Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
                                       local_k_slice, scale, bool(causal), window, bool(deterministic), group,

@@ -164,12 +164,16 @@ _AGREED: dict = {}  # (group, what, shapes) -> None, oldest first; bounded
 _AGREED_MAX = 256
 
 
+_REFUSED = "flash_attn2.distributed: refused"  # what a refusing rank brings to check_ranks_agree's gather
+
+
 def check_ranks_agree(group, what: str, *tensors) -> None:
     """Every rank of the group calls with the same shapes and dtypes (a ring with mismatched shapes would hang or read
     garbage): checked on the first call with each (group, shapes, dtypes) by a small all_gather_object, a ValueError
-    on every rank where they differ, before any of the ring's transfers. Limits: a set of shapes is checked once per
-    rank, so if one rank repeats shapes it has checked while another brings new ones, the first goes on and the
-    collectives no longer match (a hang, as without the check); values (varlen document splits) are not compared."""
+    on every rank where they differ or where a rank refused the call (refuse_with_peers), before any of the ring's
+    transfers. Limits: a set of shapes is checked once per rank, so if one rank repeats shapes it has checked while
+    another brings new ones (or refuses), the first goes on and the collectives no longer match (a hang, as without
+    the check); values (varlen document splits) are not compared."""
     key = (group.group_name if group is not None else "default", what,
            tuple((tuple(t.shape), str(t.dtype)) for t in tensors))
     if key in _AGREED:
@@ -178,6 +182,9 @@ def check_ranks_agree(group, what: str, *tensors) -> None:
         _AGREED.pop(next(iter(_AGREED)))
     seen = [None] * dist.get_world_size(group)
     dist.all_gather_object(seen, key[1:], group=group)
+    refused = [(r, o[1]) for r, o in enumerate(seen) if o[0] == _REFUSED]
+    if refused:
+        raise ValueError(f"flash_attn2.distributed: {what}: rank {refused[0][0]} refused the call: {refused[0][1]}")
     if any(other != key[1:] for other in seen):
         raise ValueError(f"flash_attn2.distributed: {what}: the ranks' shapes and dtypes differ "
                          f"(rank: (shape, dtype) of each tensor): {dict(enumerate(s[1] for s in seen))}")
@@ -347,6 +354,19 @@ def _ring_grad(ctx, dout, _dlse):
 _ring_fwd.register_autograd(_ring_grad, setup_context=_ring_setup)
 
 
+def refuse_with_peers(group, error: Exception):
+    """Raise `error`, a refusal from this rank's own checks (an argument the path does not take, a length its layout
+    cannot split), after taking part in the one collective its peers may be in: check_ranks_agree's first gather of
+    these shapes, which this rank joins with the error, so that a peer whose own checks passed raises a ValueError
+    naming this rank instead of waiting for its transfers. Not while compiling (the checks run at trace time) or
+    without a process group (no collective to join). Where the peers have run these shapes before they skip that
+    gather: check_ranks_agree's limit."""
+    if dist.is_available() and dist.is_initialized() and not torch.compiler.is_compiling():
+        seen = [None] * dist.get_world_size(group)
+        dist.all_gather_object(seen, (_REFUSED, f"{type(error).__name__}: {error}"), group=group)
+    raise error
+
+
 def refuse_unsupported(where: str, q, v, dropout_p) -> None:
     """What no form of flash_attn2.distributed takes yet (`where`: the form), as NotImplementedError naming it."""
     if dropout_p:
@@ -358,17 +378,21 @@ def refuse_unsupported(where: str, q, v, dropout_p) -> None:
 
 def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, alibi_slopes, deterministic,
                return_attn_probs, group, backend=None, softcap=0.0):
-    refuse_unsupported("the ring", q, v, dropout_p)
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the ring is not supported")
-    if softcap:
-        raise NotImplementedError("flash_attn2.distributed: softcap on the ring is not supported yet")
-    if not dist.is_initialized():
-        raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
-    world = dist.get_world_size(group)
-    check_layout(layout, q.shape[1] * world, world)  # the layout's divisibility, before any collective
+    try:
+        refuse_unsupported("the ring", q, v, dropout_p)
+        if tuple(window_size) != (-1, -1):
+            raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet")
+        if alibi_slopes is not None:
+            raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the ring is not supported")
+        if softcap:
+            raise NotImplementedError("flash_attn2.distributed: softcap on the ring is not supported yet")
+        if not dist.is_initialized():
+            raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
+                             "first)")
+        world = dist.get_world_size(group)
+        check_layout(layout, q.shape[1] * world, world)  # the layout's divisibility, before any transfer
+    except (ValueError, NotImplementedError) as error:
+        refuse_with_peers(group, error)
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     group_name = (group if group is not None else dist.group.WORLD).group_name
     name = {KernelBackend: "kernel", ReferenceBackend: "reference", None: "kernel"}[backend]

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
-from .ring import KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree, refuse_unsupported
+from .ring import KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree, refuse_unsupported, refuse_with_peers
 
 _CHUNKS = {"contiguous": 1, "zigzag": 2}
 
@@ -108,21 +108,25 @@ class _RingVarlen(torch.autograd.Function):
 
 def _varlen_func(layout, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_scale, causal, window_size,
                  alibi_slopes, deterministic, return_attn_probs, group, backend=None):
-    refuse_unsupported("the ring", q, v, dropout_p)
-    if tuple(window_size) != (-1, -1):
-        raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet (the "
-                                  "all-gather form, llama3_flash_attn_varlen_func, takes causal windows)")
-    if alibi_slopes is not None:
-        raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the ring is not supported")
     local_cu = [int(x) for x in cu_seqlens.tolist()]  # once per call, as ring-flash-attn's half indices
-    chunks = _CHUNKS[layout]
-    bad = [b - a for a, b in zip(local_cu, local_cu[1:]) if (b - a) % chunks]
-    if bad or local_cu[-1] != q.shape[0]:
-        raise ValueError(f"flash_attn2.distributed: cu_seqlens must be this rank's (the global ones / world) and end "
-                         f"at q's rows ({q.shape[0]}), each document's local length divisible by {chunks}; got "
-                         f"{local_cu}")
-    if not dist.is_initialized():
-        raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
+    try:
+        refuse_unsupported("the ring", q, v, dropout_p)
+        if tuple(window_size) != (-1, -1):
+            raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet (the "
+                                      "all-gather form, llama3_flash_attn_varlen_func, takes causal windows)")
+        if alibi_slopes is not None:
+            raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the ring is not supported")
+        chunks = _CHUNKS[layout]
+        bad = [b - a for a, b in zip(local_cu, local_cu[1:]) if (b - a) % chunks]
+        if bad or local_cu[-1] != q.shape[0]:
+            raise ValueError(f"flash_attn2.distributed: cu_seqlens must be this rank's (the global ones / world) and "
+                             f"end at q's rows ({q.shape[0]}), each document's local length divisible by {chunks}; "
+                             f"got {local_cu}")
+        if not dist.is_initialized():
+            raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
+                             "first)")
+    except (ValueError, NotImplementedError) as error:
+        refuse_with_peers(group, error)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     out, lse = _RingVarlen.apply(q, k, v, local_cu, layout, bool(causal), scale, group, backend or KernelVarlenBackend,
                                  bool(deterministic))
