@@ -27,7 +27,6 @@ def _worker(rank, world, store_path, results):
 
     import flash_attn2
     from flash_attn2.distributed import ring
-    from flash_attn2.testing import max_error
 
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0"
     torch.cuda.set_device(rank)
@@ -58,7 +57,8 @@ def _worker(rank, world, store_path, results):
                         results[(rank, layout, causal, heads_k, d, str(dtype))] = _rule(
                             (out, *grads), (single, *single_grads), (lowp, *lowp_grads), (ref, *ref_grads), shard)
                         i += 1
-        # Packed documents: the all-gather form (causal, with and without a window) and the zigzag ring.
+        # Packed documents: the all-gather form (causal, with and without a window) and the zigzag ring, forward and
+        # backward.
         from flash_attn2.distributed import llama3, ring_varlen
         from flash_attn2.testing import attention_ref_varlen
         docs = [2 * world * n for n in (64, 16, 128)]
@@ -68,22 +68,34 @@ def _worker(rank, world, store_path, results):
             torch.manual_seed(i)
             q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16)
             k, v = (torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            dout = torch.randn_like(q)
             if form == "llama3":
                 per = total // world
                 take = lambda t: t[rank * per:(rank + 1) * per]  # noqa: E731
-                cu_q, cu_k, max_q, max_k, k_slice = llama3.llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
-                out = llama3.llama3_flash_attn_varlen_func(take(q), take(k), take(v), cu_q, cu_k, max_q, max_k, 1,
-                                                           k_slice, causal=True, window_size=window)
             else:
                 take = lambda t: ring_varlen.varlen_shard(t, cu, "zigzag", rank, world)  # noqa: E731
+            ql, kl, vl = (take(t).clone().requires_grad_() for t in (q, k, v))
+            if form == "llama3":
+                cu_q, cu_k, max_q, max_k, k_slice = llama3.llama3_flash_attn_prepare_cu_seqlens(cu, True, rank, world)
+                out = llama3.llama3_flash_attn_varlen_func(ql, kl, vl, cu_q, cu_k, max_q, max_k, 1, k_slice,
+                                                           causal=True, window_size=window)
+            else:
                 local_cu = cu // world
-                out = ring_varlen.zigzag_ring_flash_attn_varlen_func(take(q), take(k), take(v), local_cu,
+                out = ring_varlen.zigzag_ring_flash_attn_varlen_func(ql, kl, vl, local_cu,
                                                                      int((local_cu[1:] - local_cu[:-1]).max()),
                                                                      causal=True)
-            single = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu, max(docs), max(docs), causal=True,
+            grads = torch.autograd.grad(out, (ql, kl, vl), take(dout))
+            qs, ks, vs = (t.clone().requires_grad_() for t in (q, k, v))
+            single = flash_attn2.flash_attn_varlen_func(qs, ks, vs, cu, cu, max(docs), max(docs), causal=True,
                                                         window_size=window)
-            ref = attention_ref_varlen(q.float(), k.float(), v.float(), cu, cu, True, window=window)[0]
-            results[(rank, form, str(window))] = max_error(out, take(ref)) <= 2 * max_error(single, ref) + 1e-3
+            single_grads = torch.autograd.grad(single, (qs, ks, vs), dout)
+            refs = []  # float32, then PyTorch's bf16: out and grads through autograd
+            for upcast in (True, False):
+                leaves = [(t.float() if upcast else t.clone()).requires_grad_() for t in (q, k, v)]
+                r = attention_ref_varlen(*leaves, cu, cu, True, upcast=upcast, window=window)[0]
+                refs.append((r, *torch.autograd.grad(r, leaves, dout.float() if upcast else dout)))
+            # forward and backward (the all-gather's dK / dV reduce-scattered in fp32; the varlen ring's sums)
+            results[(rank, form, str(window))] = _rule((out, *grads), (single, *single_grads), refs[1], refs[0], take)
             i += 1
         _determinism_and_compile(rank, world, results)
         _peer(rank, world, results)
