@@ -196,7 +196,16 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     scheduler_metadata=. flash_attn2's plan is a function of the shapes alone (never of the lengths on the device), so
     a captured graph keeps it anyway; this returns it as a (1,) int32 CPU tensor, the split count, which a call reads
     without touching the device (0 where the call must choose: varlen q of more than 64 rows, whose kernel depends
-    on the batch's total rows). max_seqlen_k: the cache's capacity (paged: max_pages * page_size)."""
+    on the batch's total rows). max_seqlen_k: the cache's capacity (paged: max_pages * page_size). causal,
+    window_size and has_softcap do not change the plan (it is the same for every mask); the query heads of a kv head
+    are always packed into one tile (pack_gqa None or True; False raises), and new keys come as fixed-length k / v
+    (cu_seqlens_k_new raises: flash_attn_with_kvcache takes no varlen k / v)."""
+    if cu_seqlens_k_new is not None:
+        raise NotImplementedError("flash_attn2: cu_seqlens_k_new is not supported (flash_attn_with_kvcache takes "
+                                  "fixed-length k / v)")
+    if pack_gqa is not None and not pack_gqa:
+        raise NotImplementedError("flash_attn2: pack_gqa=False is not supported (the split kernel always packs the "
+                                  "query heads of a kv head)")
     if headdim_v is not None and headdim_v != headdim:
         raise NotImplementedError("flash_attn2: headdim_v != headdim is not supported yet")
     if attention_chunk:
@@ -306,7 +315,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   block_table, cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size, softcap,
                   rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse, learnable_sink=None):
-    """flash_attn_with_kvcache's and the paged flash_attn_varlen_func's common part: checks, then the op."""
+    """flash_attn_with_kvcache's and the paged flash_attn_varlen_func's common part: checks, then the op. The
+    per-sequence int32 rows may come strided (a view), as flash-attn takes them: made contiguous here."""
+    cache_seqlens, cache_batch_idx, cache_leftpad = (
+        t.contiguous() if isinstance(t, torch.Tensor) else t for t in (cache_seqlens, cache_batch_idx, cache_leftpad))
     check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                   alibi_slopes, num_splits, block_table, cu_seqlens_q, cu_seqlens_k, max_seqlen_q)
     if learnable_sink is not None:  # before the op, which writes the caches

@@ -267,17 +267,22 @@ def _packed(t, name: str, dim: int, count: int, layout: str):
     return t.unbind(dim=dim)
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           num_splits=0, learnable_sink=None, s_aux=None, scheduler_metadata=None, out=None):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, *,
+                           seqused_k=None, num_splits=0, learnable_sink=None, s_aux=None, scheduler_metadata=None,
+                           out=None, return_softmax_lse=False):
     """q (total_q, nheads, headdim), k/v (total_k, nheads_k, headdim); sequence b owns rows
     cu_seqlens[b]:cu_seqlens[b + 1] (int32, on q's device), clamped to the packed tensors: a decreasing pair is
     an empty sequence, rows outside every sequence get output 0 (and zero gradients). max_seqlen_q/k are hints
     (the longest sequence) that size the grid; any value >= 0 still computes every row.
     FLASH_ATTN2_CHECK_INPUTS=1 checks the values (eager mode; one sync) and names the first bad entry.
 
-    Zero-length sequences are allowed. With return_attn_probs, softmax_lse is (nheads, total_q) fp32.
+    Zero-length sequences are allowed. With return_attn_probs, (out, softmax_lse, None); with return_softmax_lse
+    (FA3's and vLLM's keyword), (out, softmax_lse); softmax_lse is (nheads, total_q) fp32. cu_seqlens_k,
+    max_seqlen_q and max_seqlen_k default to None so that vLLM's keyword call (block_table with seqused_k, no
+    cu_seqlens_k) binds; without block_table each is required (a TypeError names it). v may have its own head dim
+    (d_v, MLA: out has v's); learnable_sink (alias s_aux): (nheads,) one logit per head, as flash_attn_func's.
 
     block_table (batch, max_pages) int32: k / v are a paged cache (num_pages, page_size, nheads_k, headdim), any
     page_size >= 1, sequence b's keys the first seqused_k[b] (seqused_k: (batch,) int32, vLLM's call) or
@@ -287,19 +292,29 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     learnable_sink = _sink_arg(learnable_sink, s_aux)
     if block_table is not None:
         from ._kvcache import metadata_splits
+        if max_seqlen_q is None:
+            raise TypeError("flash_attn2: flash_attn_varlen_func needs max_seqlen_q")
         num_splits = metadata_splits(scheduler_metadata, num_splits)
-        return _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
-                             window_size, softcap, alibi_slopes, return_attn_probs, block_table, seqused_k, num_splits,
-                             learnable_sink, out)
+        result = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
+                               window_size, softcap, alibi_slopes, return_attn_probs or return_softmax_lse,
+                               block_table, seqused_k, num_splits, learnable_sink, out)
+        return result if return_attn_probs or not return_softmax_lse else result[:2]
     if seqused_k is not None or scheduler_metadata is not None or out is not None:
         raise NotImplementedError("flash_attn2: seqused_k, scheduler_metadata and out are supported with block_table (a "
                                   "paged cache) only")
+    if num_splits:
+        raise NotImplementedError("flash_attn2: num_splits is supported with block_table (a paged cache) only; "
+                                  "flash_attn_with_kvcache takes it for a contiguous cache")
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):  # None would make the call a fixed-length one
             raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(cu).__name__}")
-    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
-                      learnable_sink)
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if n is None:
+            raise TypeError(f"flash_attn2: flash_attn_varlen_func needs {name}")
+    result = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                        causal, window_size, softcap, alibi_slopes, deterministic,
+                        return_attn_probs or return_softmax_lse, block_table, learnable_sink)
+    return result if return_attn_probs or not return_softmax_lse else result[:2]
 
 
 def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
@@ -313,8 +328,10 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
         raise NotImplementedError("flash_attn2: dropout_p > 0 with block_table (a paged cache) is not supported")
     if not isinstance(cu_seqlens_q, torch.Tensor):
         raise TypeError(f"flash_attn2: cu_seqlens_q must be a torch.Tensor, got {type(cu_seqlens_q).__name__}")
-    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype):
-        raise ValueError(f"flash_attn2: out must be a tensor of q's shape {tuple(q.shape)} and dtype {q.dtype}")
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or
+                            out.device != q.device):
+        raise ValueError(f"flash_attn2: out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and "
+                         f"device {q.device}")
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                                  for t in (q, k_cache, v_cache, learnable_sink))
     with torch.no_grad():
@@ -344,38 +361,44 @@ class _NoPagedBackward(torch.autograd.Function):
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
-    """qkv (batch, seqlen, 3, nheads, headdim)."""
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                              learnable_sink=None, s_aux=None):
+    """qkv (batch, seqlen, 3, nheads, headdim); learnable_sink (alias s_aux) as flash_attn_func's."""
     q, k, v = _packed(qkv, "qkv", 2, 3, "(batch, seqlen, 3, nheads, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+                           deterministic, return_attn_probs, learnable_sink=learnable_sink, s_aux=s_aux)
 
 
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
-    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim)."""
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                             learnable_sink=None, s_aux=None):
+    """q (batch, seqlen_q, nheads, headdim), kv (batch, seqlen_k, 2, nheads_k, headdim); learnable_sink (alias
+    s_aux) as flash_attn_func's."""
     k, v = _packed(kv, "kv", 2, 2, "(batch, seqlen_k, 2, nheads_k, headdim)")
     return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                           deterministic, return_attn_probs)
+                           deterministic, return_attn_probs, learnable_sink=learnable_sink, s_aux=s_aux)
 
 
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                                     return_attn_probs=False):
-    """qkv (total, 3, nheads, headdim)."""
+                                     return_attn_probs=False, *, learnable_sink=None, s_aux=None):
+    """qkv (total, 3, nheads, headdim); learnable_sink (alias s_aux) as flash_attn_func's."""
     q, k, v = _packed(qkv, "qkv", 1, 3, "(total, 3, nheads, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
-                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  learnable_sink=learnable_sink, s_aux=s_aux)
 
 
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
-    """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim)."""
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False, *,
+                                    learnable_sink=None, s_aux=None):
+    """q (total_q, nheads, headdim), kv (total_k, 2, nheads_k, headdim); learnable_sink (alias s_aux) as
+    flash_attn_func's."""
     k, v = _packed(kv, "kv", 1, 2, "(total_k, 2, nheads_k, headdim)")
     return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                   softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                                  return_attn_probs)
+                                  return_attn_probs, learnable_sink=learnable_sink, s_aux=s_aux)
 
 
 def compiled_head_dims(dtype: torch.dtype) -> list[int]:

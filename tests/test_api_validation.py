@@ -232,11 +232,13 @@ def test_signatures_match_flash_attn():
         "flash_attn_func": "q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), "
                            "softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, *, "
                            "learnable_sink=None, s_aux=None",
-        "flash_attn_varlen_func": "q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0, "
-                                  "softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
+        # flash-attn's names and order; cu_seqlens_k / max_seqlen_q / max_seqlen_k with defaults (vLLM's keyword
+        # call omits cu_seqlens_k), then FA3's / vLLM's keywords
+        "flash_attn_varlen_func": "q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, "
+                                  "dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, "
                                   "alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None, "
                                   "*, seqused_k=None, num_splits=0, learnable_sink=None, s_aux=None, "
-                                  "scheduler_metadata=None, out=None",
+                                  "scheduler_metadata=None, out=None, return_softmax_lse=False",
     }
     for name, params in expected.items():
         assert str(inspect.signature(getattr(flash_attn2, name))) == f"({params})"
@@ -313,3 +315,35 @@ def test_sink_checks_of_the_op_say_what_python_says(sink, error):
     with pytest.raises(error) as op:
         flash_attn2._ops.fwd(q, q, q, None, None, 8, 8, 0.125, False, -1, -1, 0.0, None, False, 0.0, sink)
     assert str(op.value).splitlines()[0] == str(python.value)
+
+
+def test_varlen_keywords_of_the_engines():
+    """vLLM's keyword call binds without cu_seqlens_k (it passes seqused_k with block_table); without block_table each
+    of cu_seqlens_k / max_seqlen_q / max_seqlen_k is required and a missing one is named; num_splits without
+    block_table is refused, not ignored."""
+    q, k, v, cu, cu_k, mq, mk = varlen_args()
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    pages = torch.randn(1, 16, 4, 64, dtype=BF16)
+    # binds (then fails on the CPU tensors, after the arguments are accepted)
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_attn2.flash_attn_varlen_func(q, pages, pages, cu_seqlens_q=cu, max_seqlen_q=mq,
+                                           seqused_k=torch.tensor([4, 6], dtype=torch.int32), max_seqlen_k=16,
+                                           block_table=table, num_splits=0, return_softmax_lse=True)
+    with pytest.raises(TypeError, match="max_seqlen_q"):
+        flash_attn2.flash_attn_varlen_func(q, pages, pages, cu_seqlens_q=cu, block_table=table,
+                                           seqused_k=torch.tensor([4, 6], dtype=torch.int32))
+    with pytest.raises(TypeError, match="cu_seqlens_k"):
+        flash_attn2.flash_attn_varlen_func(q, k, v, cu, max_seqlen_q=mq, max_seqlen_k=mk)
+    with pytest.raises(TypeError, match="max_seqlen_k"):
+        flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu_k, mq)
+    with pytest.raises(NotImplementedError, match="num_splits"):
+        flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu_k, mq, mk, num_splits=2)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA GPU")
+def test_varlen_return_softmax_lse():
+    """return_softmax_lse (FA3's and vLLM's keyword): (out, lse), the same tensors as return_attn_probs's first two."""
+    q, k, v, cu, cu_k, mq, mk = (t.cuda() if isinstance(t, torch.Tensor) else t for t in varlen_args())
+    out, lse = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu_k, mq, mk, causal=True, return_softmax_lse=True)
+    out2, lse2, _ = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu_k, mq, mk, causal=True, return_attn_probs=True)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2) and lse.shape == (4, 10)

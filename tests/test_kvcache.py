@@ -943,3 +943,14 @@ def test_heuristic_splits_with_paging_never_nan():
             n = int(lens[b])
             ref = attention_ref(q[b:b + 1], dense_k[b:b + 1, :n], dense_v[b:b + 1, :n])[0]
             assert max_error(out[b:b + 1], ref) <= 2e-2, (seed, b)
+
+
+def test_scheduler_metadata_refuses_what_it_would_ignore():
+    """FA3's get_scheduler_metadata arguments flash_attn2's plan cannot follow raise, naming them (CPU: before the
+    extension is asked)."""
+    args = dict(batch_size=2, max_seqlen_q=1, max_seqlen_k=1024, num_heads_q=32, num_heads_kv=8, headdim=128,
+                cache_seqlens=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="cu_seqlens_k_new"):
+        flash_attn2.get_scheduler_metadata(cu_seqlens_k_new=torch.zeros(3, dtype=torch.int32), **args)
+    with pytest.raises(NotImplementedError, match="pack_gqa=False"):
+        flash_attn2.get_scheduler_metadata(pack_gqa=False, **args)

@@ -50,6 +50,17 @@ def test_argument_checks():
         flash_attn2.flash_attn_func(q, q, q, s_aux=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(ValueError, match="not both"):
         flash_attn2.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2), s_aux=torch.zeros(2))
+    # the packed forms take the sink too and pass it on (their checks are flash_attn_func's / the varlen one's)
+    qkv = torch.zeros(1, 4, 3, 2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"learnable_sink must be \(nheads,\)"):
+        flash_attn2.flash_attn_qkvpacked_func(qkv, learnable_sink=torch.zeros(3))
+    with pytest.raises(ValueError, match="not both"):
+        flash_attn2.flash_attn_kvpacked_func(q, qkv[:, :, :2], learnable_sink=torch.zeros(2), s_aux=torch.zeros(2))
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"learnable_sink must be \(nheads,\)"):
+        flash_attn2.flash_attn_varlen_qkvpacked_func(qkv[0], cu, 4, s_aux=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"learnable_sink must be \(nheads,\)"):
+        flash_attn2.flash_attn_varlen_kvpacked_func(q[0], qkv[0, :, :2], cu, cu, 4, 4, learnable_sink=torch.zeros(3))
 
 
 # ---- GPU ----
@@ -61,7 +72,7 @@ def _require(head_dim, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal,window,softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (True, (63, 0), 0.0),
                                                    (False, (-1, -1), 30.0)])
 @pytest.mark.parametrize("seqlens", [(1, 300), (257, 513), (513, 257)])
@@ -249,3 +260,40 @@ def test_one_autograd_node_with_the_sink_edge():
     sink = torch.randn(4, device="cuda", requires_grad=True)
     out = flash_attn2.flash_attn_func(q, k, v, learnable_sink=sink)
     assert out.grad_fn.name() == "FlashAttnBackward" and len(out.grad_fn.next_functions) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_packed_forms_with_sink(varlen):
+    """The qkv- and kv-packed forms pass learnable_sink / s_aux on: out, lse and every gradient (the sink's too) bitwise
+    those of the unpacked call on the same tensors (deterministic=True: the backward's sums in a fixed order)."""
+    _require(64, torch.bfloat16)
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 97, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    sink = torch.randn(4, device="cuda")
+    dout = torch.randn(2, 97, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 97, 194], device="cuda", dtype=torch.int32)
+
+    def run(packing):
+        leaves = [qkv.clone().requires_grad_(), sink.clone().requires_grad_()]
+        x, s = leaves
+        flat = (lambda t: t.reshape(-1, *t.shape[2:])) if varlen else (lambda t: t)  # noqa: E731
+        q, kv = flat(x[:, :, 0]), flat(x[:, :, 1:])
+        if packing == "qkv":
+            args = (flat(x), cu, 97) if varlen else (x,)
+            fn = flash_attn2.flash_attn_varlen_qkvpacked_func if varlen else flash_attn2.flash_attn_qkvpacked_func
+            out, lse, _ = fn(*args, causal=True, deterministic=True, return_attn_probs=True, s_aux=s)
+        elif packing == "kv":
+            args = (q, kv, cu, cu, 97, 97) if varlen else (q, kv)
+            fn = flash_attn2.flash_attn_varlen_kvpacked_func if varlen else flash_attn2.flash_attn_kvpacked_func
+            out, lse, _ = fn(*args, causal=True, deterministic=True, return_attn_probs=True, learnable_sink=s)
+        else:
+            k, v = kv.unbind(-3)
+            args = (q, k, v, cu, cu, 97, 97) if varlen else (q, k, v)
+            fn = flash_attn2.flash_attn_varlen_func if varlen else flash_attn2.flash_attn_func
+            out, lse, _ = fn(*args, causal=True, deterministic=True, return_attn_probs=True, learnable_sink=s)
+        return (out, lse, *torch.autograd.grad(out, leaves, flat(dout)))
+
+    plain = run("none")
+    for packing in ("qkv", "kv"):
+        assert all(torch.equal(a, b) for a, b in zip(run(packing), plain)), packing
