@@ -1,4 +1,4 @@
-// The backward's preprocess, D = rowsum(dO o O) in fp32 and LSE in log2 next to it (in one (heads, total_q)
+// The backward's preprocess, D = rowsum(dO o O) (less dLSE where the loss uses the LSE) in fp32 and LSE in log2 next to it (in one (heads, total_q)
 // layout for every batch mode), which also zero-fills the dQ accumulator (and the Hopper backward's tile
 // counter) and, for varlen, the gradient rows
 // outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets);
@@ -82,8 +82,9 @@ __global__ void __launch_bounds__(kThreads, 5) preprocess_kernel(const __grid_co
     for (int offset = kLanes / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
     if (r < seq_rows && lane == 0) {
       const int64_t at = head * int64_t(p.total_q) + b * seq_rows + r;
-      const float lse = p.lse[b * p.lse_batch_stride + head * p.lse_head_stride + r];
-      p.softmax_d[at] = sum;
+      const int64_t lse_at = b * p.lse_batch_stride + head * p.lse_head_stride + r;
+      const float lse = p.lse[lse_at];
+      p.softmax_d[at] = p.dlse != nullptr ? sum - p.dlse[lse_at] : sum;  // D, less the loss's own lse gradient
       p.softmax_d[bwd_lse_log2_offset(p) + at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
     }
   }

@@ -489,7 +489,8 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
              Tensor& dq, Tensor& dk, Tensor& dv, const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k,
              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
              int64_t window_right, double softcap, const OptTensor& alibi_slopes, bool deterministic,
-             double dropout_p, const OptTensor& rng_state, const OptTensor& sink, const OptTensor& dsink) {
+             double dropout_p, const OptTensor& rng_state, const OptTensor& sink, const OptTensor& dsink,
+             const OptTensor& dlse) {
   TORCH_CHECK(!dsink.has_value() || (sink.has_value() && dsink->scalar_type() == at::kFloat && dsink->is_contiguous() &&
                                      dsink->numel() == q.size(-2) && dsink->device() == q.device()),
               "flash_attn2: dsink must be a contiguous fp32 (nheads,) tensor on q's device, with learnable_sink");
@@ -514,7 +515,14 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
               "flash_attn2: dout must have out's shape and dq q's");
   TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == v.sizes(), "flash_attn2: dk and dv must have k's and v's shapes");
   TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
+  TORCH_CHECK(!dlse.has_value() || (dlse->sizes() == lse.sizes() && dlse->device() == q.device()),
+              "flash_attn2: dlse (the gradient of softmax_lse) must have softmax_lse's shape, on q's device");
   const c10::cuda::CUDAGuard guard(q.device());
+  Tensor dlse32;  // fp32 in lse's (contiguous) layout, alive until run_bwd has queued the preprocess that reads it
+  if (dlse.has_value()) {
+    dlse32 = dlse->scalar_type() == at::kFloat && dlse->is_contiguous() ? *dlse : dlse->to(at::kFloat).contiguous();
+    p.dlse = dlse32.data_ptr<float>();
+  }
 
   const int row = varlen ? 0 : 1;
   p.dout = dout.data_ptr();
@@ -639,7 +647,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
                                                int64_t max_seqlen_k, double softmax_scale, bool causal,
                                                int64_t window_left, int64_t window_right, double softcap,
                                                const OptTensor& alibi_slopes, bool deterministic, double dropout_p,
-                                               const OptTensor& rng_state, const OptTensor& learnable_sink) {
+                                               const OptTensor& rng_state, const OptTensor& learnable_sink,
+                                               const OptTensor& dlse) {
   const int64_t head_dim = q.size(-1), head_dim_v = v.size(-1);
   if (head_dim_v != head_dim && !bwd_takes_head_dim_v(dout, q, k, v, cu_seqlens_q)) {
     // Elsewhere the backward takes one head dim: the narrower side zero-padded (the forward's pair kernel or padding
@@ -649,7 +658,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
     auto [dq, dk, dv, dsink] = bwd(widen(dout), widen(q), widen(k), widen(v), widen(out), lse, cu_seqlens_q,
                                    cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                    window_right, softcap, alibi_slopes, deterministic, dropout_p, rng_state,
-                                   learnable_sink);
+                                   learnable_sink, dlse);
     auto cut = [](const Tensor& grad, const Tensor& like) {
       const int64_t d = like.size(-1);
       if (grad.size(-1) == d) return grad;
@@ -665,7 +674,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd(const Tensor& dout, const Tensor&
   if (learnable_sink.has_value()) dsink = at::empty({q.size(-2)}, q.options().dtype(at::kFloat));
   bwd_out(kernel_ready(dout), qr, kr, kernel_ready(v), kernel_ready(out), lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
           max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-          deterministic, dropout_p, rng_state, learnable_sink, dsink);
+          deterministic, dropout_p, rng_state, learnable_sink, dsink, dlse);
   return {unpadded(dq, head_dim), unpadded(dk, head_dim), unpadded(dv, head_dim_v),
           dsink.has_value() ? dsink->to(learnable_sink->scalar_type()) : at::empty({0}, q.options().dtype(at::kFloat))};
 }
@@ -913,7 +922,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_bwd(const Tensor& grad_out, const Tensor
   auto [dq, dk, dv, dsink] = bwd(grad_out.transpose(1, 2), q, k, value.transpose(1, 2), out.transpose(1, 2), lse,
                                  std::nullopt, std::nullopt, q.size(1), k.size(1), softmax_scale, causal, -1, -1, 0.0,
                                  std::nullopt, at::globalContext().deterministicAlgorithms(), dropout_p, rng_state,
-                                 std::nullopt);
+                                 std::nullopt, std::nullopt);
   return {dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)};
 }
 
@@ -983,7 +992,8 @@ const auto& bwd_op() {
       std::tuple<Tensor, Tensor, Tensor, Tensor>(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                                  const Tensor&, const Tensor&, const OptTensor&, const OptTensor&,
                                                  c10::SymInt, c10::SymInt, double, bool, int64_t, int64_t, double,
-                                                 const OptTensor&, bool, double, const OptTensor&, const OptTensor&)>();
+                                                 const OptTensor&, bool, double, const OptTensor&, const OptTensor&,
+                                                 const OptTensor&)>();
   return op;
 }
 
@@ -1003,14 +1013,17 @@ struct FlashAttnBackward : public torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     variable_list result(num_outputs_for_inputs);  // one per next edge: q, k, v (and learnable_sink)
-    if (!grads[0].defined()) return result;  // out took no part in the loss
+    // grads: out's and softmax_lse's (either undefined where it took no part in the loss)
+    if (!grads[0].defined() && !grads[1].defined()) return result;
     const bool det = deterministic || at::globalContext().deterministicAlgorithms();
-    const Tensor s = sink.unpack();
-    auto [dq, dk, dv, dsink] = bwd_op().call(grads[0], q.unpack(), k.unpack(), v.unpack(),
-                                             out.unpack(shared_from_this()), lse.unpack(), cu_seqlens_q, cu_seqlens_k,
-                                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                             window_right, softcap, alibi_slopes, det, dropout_p, rng_state,
-                                             s.defined() ? OptTensor(s) : OptTensor());
+    const Tensor s = sink.unpack(), o = out.unpack(shared_from_this());
+    const Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(o);  // a loss through lse alone
+    auto [dq, dk, dv, dsink] = bwd_op().call(dout, q.unpack(), k.unpack(), v.unpack(), o,
+                                             lse.unpack(shared_from_this()), cu_seqlens_q,
+                                             cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                                             window_left, window_right, softcap, alibi_slopes, det, dropout_p,
+                                             rng_state, s.defined() ? OptTensor(s) : OptTensor(),
+                                             grads[1].defined() ? OptTensor(grads[1]) : OptTensor());
     result[0] = std::move(dq), result[1] = std::move(dk), result[2] = std::move(dv);
     if (num_outputs_for_inputs == 4) result[3] = std::move(dsink);
     return result;
@@ -1049,12 +1062,13 @@ std::tuple<Tensor, Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k
   } else {
     node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
   }
-  torch::autograd::set_history(out, node);  // lse stays non-differentiable
+  torch::autograd::set_history(out, node);  // the node's input 0
+  torch::autograd::set_history(lse, node);  // input 1: a loss may use softmax_lse too (BwdParams::dlse)
   node->q = torch::autograd::SavedVariable(q, false);
   node->k = torch::autograd::SavedVariable(k, false);
   node->v = torch::autograd::SavedVariable(v, false);
   node->out = torch::autograd::SavedVariable(out, true);
-  node->lse = torch::autograd::SavedVariable(lse, false);
+  node->lse = torch::autograd::SavedVariable(lse, true);  // an output of the node, as out (no reference cycle)
   node->cu_seqlens_q = cu_seqlens_q;
   node->cu_seqlens_k = cu_seqlens_k;
   node->max_seqlen_q = std::move(max_seqlen_q);
@@ -1078,14 +1092,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_autograd(
     const OptTensor& cu_seqlens_q, const OptTensor& cu_seqlens_k, c10::SymInt max_seqlen_q, c10::SymInt max_seqlen_k,
     double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
     const OptTensor& alibi_slopes, bool deterministic, double dropout_p, const OptTensor& rng_state,
-    const OptTensor& learnable_sink) {
+    const OptTensor& learnable_sink, const OptTensor& dlse) {
   Tensor dq, dk, dv, dsink;
   {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::tie(dq, dk, dv, dsink) =
         bwd_op().call(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, std::move(max_seqlen_q),
                       std::move(max_seqlen_k), softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                      deterministic, dropout_p, rng_state, learnable_sink);
+                      deterministic, dropout_p, rng_state, learnable_sink, dlse);
   }
   const bool differentiable = dout.requires_grad() || q.requires_grad() || k.requires_grad() || v.requires_grad() ||
                               out.requires_grad() || (learnable_sink.has_value() && learnable_sink->requires_grad());
@@ -1145,7 +1159,8 @@ TORCH_LIBRARY(flash_attn2, m) {
   // and ignored for fixed-length calls. fwd draws dropout's seed from torch's CUDA generator and returns it
   // in rng_state (2 int64: seed, offset; empty without dropout), which bwd takes back:
   // nondeterministic_seeded, so that a compiler neither merges two calls nor drops one. learnable_sink: attention
-  // sinks (nheads,) in any float dtype, differentiable; bwd returns dsink in its dtype (empty without).
+  // sinks (nheads,) in any float dtype, differentiable; bwd returns dsink in its dtype (empty without). softmax_lse
+  // is differentiable too: bwd's dlse, its gradient, enters D (flash_attn2.h: BwdParams::dlse).
   m.def("fwd(Tensor q, Tensor k, Tensor v, Tensor? cu_seqlens_q, Tensor? cu_seqlens_k, SymInt max_seqlen_q, "
         "SymInt max_seqlen_k, float softmax_scale, bool causal, int window_left, int window_right, float softcap, "
         "Tensor? alibi_slopes, bool deterministic, float dropout_p=0.0, Tensor? learnable_sink=None) "
@@ -1154,7 +1169,7 @@ TORCH_LIBRARY(flash_attn2, m) {
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, Tensor? cu_seqlens_q, "
         "Tensor? cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, float softmax_scale, bool causal, "
         "int window_left, int window_right, float softcap, Tensor? alibi_slopes, bool deterministic, "
-        "float dropout_p=0.0, Tensor? rng_state=None, Tensor? learnable_sink=None) "
+        "float dropout_p=0.0, Tensor? rng_state=None, Tensor? learnable_sink=None, Tensor? dlse=None) "
         "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsink)");
   // flash_attn_with_kvcache (forward only): writes k / v into k_cache / v_cache at cache_seqlens, then attends.
   m.def("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? rotary_cos, "

@@ -72,7 +72,7 @@ def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, s
 @torch.library.register_fake("flash_attn2::bwd")
 def _bwd_fake(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
               causal, window_left, window_right, softcap, alibi_slopes, deterministic, dropout_p=0.0, rng_state=None,
-              learnable_sink=None):
+              learnable_sink=None, dlse=None):
     # dsink: (nheads,) in learnable_sink's dtype, or empty fp32 without sinks.
     dsink = (learnable_sink.new_empty(learnable_sink.shape) if learnable_sink is not None
              else q.new_empty((0,), dtype=torch.float32))

@@ -144,6 +144,8 @@ def _flash_attn_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_s
                                         softmax_scale, causal, None, softmax_lse, window, softcap, alibi_slopes,
                                         dropout_p, rng_state, learnable_sink)
         wide = wide[..., :v.shape[-1]]
+        if softmax_lse is not None and lse is not softmax_lse:  # the padded call may have made its own
+            lse = softmax_lse.copy_(lse)
         return (wide.contiguous() if out is None else out.copy_(wide)), lse
     if out is None:
         out = torch.empty_like(q)
@@ -176,7 +178,7 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _ops.ext.bwd_out(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, *window, softcap, alibi_slopes, deterministic, dropout_p,
-                     rng_state, None, None)
+                     rng_state, None, None, None)
     return dq, dk, dv
 
 
@@ -342,22 +344,22 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             out.copy_(result)
             result = out
     if needs_grad:  # flash-attn's own tests call it with q requiring grad: the forward runs, a backward raises
-        result = _NoPagedBackward.apply(result, q, k_cache, v_cache, learnable_sink)
+        result = _NoBackward.apply(result, "the paged forward (block_table)", q, k_cache, v_cache, learnable_sink)
     return (result, lse, None) if return_attn_probs else result
 
 
-class _NoPagedBackward(torch.autograd.Function):
-    """The paged forward's output under grad mode: the same tensor, whose backward raises (the paged path has no
-    backward kernel) instead of silently giving q, k, v no gradient."""
+class _NoBackward(torch.autograd.Function):
+    """A forward-only call's output under grad mode (the paged varlen call, flash_attn_with_kvcache): the same tensor,
+    whose backward raises (no backward kernel serves it) instead of silently giving its inputs no gradient."""
 
     @staticmethod
-    def forward(ctx, result, *inputs):
+    def forward(ctx, result, what, *inputs):
+        ctx.what = what
         return result.view_as(result)
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("flash_attn2: the paged forward (block_table) has no backward; gradients through it "
-                                  "are not supported")
+        raise NotImplementedError(f"flash_attn2: {ctx.what} has no backward; gradients through it are not supported")
 
 
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),

@@ -954,3 +954,18 @@ def test_scheduler_metadata_refuses_what_it_would_ignore():
         flash_attn2.get_scheduler_metadata(cu_seqlens_k_new=torch.zeros(3, dtype=torch.int32), **args)
     with pytest.raises(NotImplementedError, match="pack_gqa=False"):
         flash_attn2.get_scheduler_metadata(pack_gqa=False, **args)
+
+
+@pytest.mark.gpu
+def test_kvcache_call_has_no_silent_gradient():
+    """flash_attn_with_kvcache is forward only: under grad mode with q (or the sink) requiring grad the forward runs and
+    a backward raises NotImplementedError naming the call, instead of leaving the inputs without a gradient."""
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k_cache, v_cache = (torch.randn(2, 40, 2, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.tensor([7, 40], dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, return_softmax_lse=True)
+    with torch.no_grad():
+        plain = flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+    assert torch.equal(out, plain) and out.requires_grad
+    with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache has no backward"):
+        out.sum().backward()

@@ -257,9 +257,10 @@ def test_internal_entry_points_take_mla():
     scale = 192 ** -0.5
     ref, ref_lse = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True)
     out = torch.full_like(ref, float("nan"))
-    got, lse = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True, out=out,
-                                   softmax_lse=torch.empty_like(ref_lse))
+    given_lse = torch.full_like(ref_lse, float("nan"))
+    got, lse = _flash_attn_forward(q, k, v, None, None, 0, 0, scale, True, out=out, softmax_lse=given_lse)
     assert got is out and (out.float() - ref.float()).abs().max() <= 1e-2 and torch.allclose(lse, ref_lse, atol=1e-3)
+    assert lse is given_lse  # written into the given memory, as out
     dout = torch.randn_like(ref)
     grads = _flash_attn_backward(dout, q, k, v, ref, ref_lse, None, None, 0, 0, scale, True, False)
     given = [torch.full_like(t, float("nan")) for t in (q, k, v)]

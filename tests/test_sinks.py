@@ -124,25 +124,73 @@ def check_dsink(dsink, ref, lowp, sink, lse, dout, out):
 
 
 @pytest.mark.gpu
-def test_varlen_sink_backward_with_lse():
-    """FA4's varlen sink backward with LSE: empty sequences on either side."""
+@pytest.mark.parametrize("sink_dtype", [None, torch.float32, torch.bfloat16, torch.float16])  # None: no sink
+def test_flash_attn_varlen_learnable_sink_backward_with_lse(sink_dtype):
+    """FA4's varlen sink backward with LSE: a loss through out and softmax_lse both (BwdParams::dlse: the backward's
+    D less dLSE), empty sequences on either side; dq, dk, dv under the 2x rule, dsink against the float32 reference
+    and tightly against its formula from the stored out, -sum exp(sink - lse) (rowsum(dout o out) - dlse)."""
     _require(64, torch.bfloat16)
+    torch.manual_seed(0)
     lens_q, lens_k = [0, 17, 1, 300], [5, 0, 33, 300]
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
     q = torch.randn(sum(lens_q), 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     k, v = (torch.randn(sum(lens_k), 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
-    sink = torch.randn(4, device="cuda", requires_grad=True)
+    inputs = [q, k, v]
+    if sink_dtype is not None:
+        inputs.append(torch.randn(4, device="cuda").to(sink_dtype).requires_grad_())
+    sink = inputs[3] if sink_dtype is not None else None
     out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 300, causal=True, learnable_sink=sink,
                                                      return_attn_probs=True)
-    leaves = [t.detach().float().requires_grad_() for t in (q, k, v, sink)]
-    ref, ref_lse = attention_ref_varlen(*leaves[:3], cu_q, cu_k, True, sink=leaves[3])
-    assert max_error(out, ref) <= 2e-2 and max_error(lse, ref_lse) <= 1e-3
-    dout = torch.randn_like(out)
-    g = torch.autograd.grad(out, (q, k, v, sink), dout)
-    r = torch.autograd.grad(ref, leaves, dout.float())
-    for a, b in zip(g, r):
-        assert max_error(a, b) <= 5e-2 * max(1.0, b.abs().max().item())
+    assert lse.requires_grad
+    dout, dlse = torch.randn_like(out), torch.randn_like(lse)
+    grads = torch.autograd.grad((out, lse), inputs, (dout, dlse))
+    refs = []
+    for upcast in (True, False):
+        leaves = [t.detach().clone().float() if upcast else t.detach().clone() for t in inputs]
+        leaves = [t.requires_grad_() for t in leaves]
+        o, l = attention_ref_varlen(*leaves[:3], cu_q, cu_k, True, upcast=upcast,
+                                    sink=leaves[3] if sink is not None else None)
+        refs.append((o, l, *torch.autograd.grad((o, l), leaves, (dout.float() if upcast else dout, dlse))))
+    (ref, ref_lse, *ref_grads), (_, _, *lowp_grads) = refs
+    assert max_error(lse, ref_lse) <= 1e-3
+    for name, g, r, p in zip(("dq", "dk", "dv"), grads, ref_grads, lowp_grads):
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
+        assert ok, f"{name} error {err} vs PyTorch's {err_pt}"
+    if sink is not None:
+        dsink = grads[3]
+        assert dsink.dtype == sink.dtype
+        d = (dout.float() * out.float()).sum(-1).t() - dlse  # (heads, total_q): D less dLSE, from the stored out
+        from_stored = -(torch.exp(sink.detach().float().view(-1, 1) - lse.detach()) * d).sum(1)
+        r = ref_grads[3].detach().abs().to(sink.dtype)
+        ulp = (torch.nextafter(r, torch.full_like(r, math.inf)) - r).float()
+        err, err_pt = (dsink.float() - ref_grads[3]).abs(), (lowp_grads[3].float() - ref_grads[3]).abs().max()
+        rounding = (from_stored - ref_grads[3]).abs()
+        assert torch.all(err <= 2 * err_pt + 2 * ulp + rounding + 1e-4), f"dsink error {err} vs PyTorch's {err_pt}"
+        tight = (dsink.float() - from_stored).abs()
+        assert torch.all(tight <= 2e-3 * from_stored.abs() + 2 * ulp + 1e-4), f"dsink vs its formula: {tight}"
+
+
+@pytest.mark.gpu
+def test_loss_through_lse_alone():
+    """A loss that uses softmax_lse but not out: the backward runs with dout zero (its node gets no out gradient) and
+    gives lse's gradient, P dlse per score, against the float32 reference."""
+    _require(64, torch.bfloat16)
+    torch.manual_seed(1)
+    q = torch.randn(2, 113, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(2, 97, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    _, lse, _ = flash_attn2.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    dlse = torch.randn_like(lse)
+    dq, dk, dv = torch.autograd.grad(lse, (q, k, v), dlse, allow_unused=True)
+    refs = []
+    for upcast in (True, False):
+        leaves = [(t.detach().float() if upcast else t.detach().clone()).requires_grad_() for t in (q, k)]
+        _, ref_lse = attention_ref(*leaves, v.detach(), True, upcast=upcast)
+        refs.append(torch.autograd.grad(ref_lse, leaves, dlse))
+    assert dv is not None and torch.equal(dv, torch.zeros_like(dv))  # v takes no part in lse
+    for name, g, r, p in zip(("dq", "dk"), (dq, dk), refs[0], refs[1]):
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
+        assert ok, f"{name} error {err} vs PyTorch's {err_pt}"
 
 
 @pytest.mark.gpu

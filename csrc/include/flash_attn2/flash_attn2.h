@@ -180,6 +180,10 @@ struct BwdParams : FwdParams {
   // With FwdParams::sink (the forward's): fp32 (num_heads,) written with dL/dsink_h = -sum over rows of
   // exp(sink_h - lse) * rowsum(dout * out), summed in a fixed order (bitwise repeatable). nullptr: not computed.
   float* dsink = nullptr;
+  // Optional: the loss's gradient with respect to the forward's lse, fp32 in lse's layout and strides (a loss that
+  // uses lse too). The backward then takes D = rowsum(dout * out) - dlse, which adds dlse_i * P_ij to each dS_ij
+  // (d lse_i / d s_ij = P_ij) and, with sinks, dlse_i * exp(sink_h - lse_i) to dsink_h. nullptr: no such term.
+  const float* dlse = nullptr;
 };
 
 // num_splits for a deterministic backward on a GPU with num_sms multiprocessors.
