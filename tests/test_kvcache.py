@@ -969,3 +969,97 @@ def test_kvcache_call_has_no_silent_gradient():
     assert torch.equal(out, plain) and out.requires_grad
     with pytest.raises(NotImplementedError, match="flash_attn_with_kvcache has no backward"):
         out.sum().backward()
+
+
+@gpu
+def test_vllm_step_captured_and_replayed():
+    """vLLM's call as it makes it (keywords, cu_seqlens_k omitted; a -1-padded block_table; out=; scheduler_metadata
+    from get_scheduler_metadata), captured once in a CUDA graph with the metadata's split count and replayed the way a
+    serving loop does: new q, longer seqused_k, a table growing into its -1 entries, every unused row of a page and
+    every unused page NaN. Each replay against each sequence's reference."""
+    require_kernel(128, torch.bfloat16)
+    dtype, heads, heads_k, d, page, max_pages = torch.bfloat16, 8, 2, 128, 16, 8
+    lens_q = [1, 1, 4]  # decode rows and a short chunk
+    batch, capacity = len(lens_q), max_pages * page
+    num_pages = batch * max_pages + 5
+    dense_k, dense_v = (randn(batch, capacity, heads_k, d, dtype=dtype) for _ in range(2))
+    phys = torch.randperm(num_pages, device="cuda")[:batch * max_pages].to(torch.int32).view(batch, max_pages)
+    k_pages, v_pages = (torch.full((num_pages, page, heads_k, d), math.nan, device="cuda", dtype=dtype)
+                        for _ in range(2))
+    table = torch.full((batch, max_pages), -1, dtype=torch.int32, device="cuda")
+    seqused = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(int(cu_q[-1]), heads, d, dtype=dtype)
+    out = torch.full_like(q, math.nan)
+
+    def load(lens):  # the step's cache: rows past each length NaN, table entries past its pages -1
+        k_pages.fill_(math.nan), v_pages.fill_(math.nan), table.fill_(-1)
+        for b, n in enumerate(lens):
+            for j in range(-(-n // page)):
+                rows = min(page, n - j * page)
+                table[b, j] = phys[b, j]
+                k_pages[phys[b, j], :rows] = dense_k[b, j * page:j * page + rows]
+                v_pages[phys[b, j], :rows] = dense_v[b, j * page:j * page + rows]
+        seqused.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+
+    meta = flash_attn2.get_scheduler_metadata(batch, max(lens_q), capacity, heads, heads_k, d, seqused, qkv_dtype=dtype,
+                                              cu_seqlens_q=cu_q, page_size=page, causal=True)
+
+    def step():
+        flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q),
+                                           seqused_k=seqused, max_seqlen_k=capacity, block_table=table, out=out,
+                                           num_splits=0, scheduler_metadata=meta, causal=True)
+
+    steps = [[5, 40, 17], [6, 41, 21], [100, capacity, 60], [1, 16, 4]]
+    load(steps[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in steps:
+        load(lens)
+        out.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), lens
+        for b, (n_q, n_k) in enumerate(zip(lens_q, lens)):
+            rows = slice(int(cu_q[b]), int(cu_q[b + 1]))
+            ref, _ = attention_ref(q[None, rows], dense_k[b:b + 1, :n_k], dense_v[b:b + 1, :n_k], True)
+            assert max_error(out[rows], ref[0]) <= 2e-2, (lens, b)
+
+
+@gpu
+def test_sglang_call_with_lse_and_combine():
+    """SGLang's call (flash_attn_with_kvcache, page 1, cu_seqlens_q, return_softmax_lse) over a sequence's keys split in
+    two (a shared prefix's pages and the rest, as cascade attention runs them), merged by flash_attn_combine: the
+    single call's out and lse."""
+    require_kernel(128, torch.bfloat16)
+    dtype, heads, heads_k, d = torch.bfloat16, 8, 2, 128
+    lens_q, lens_k, prefix = [1, 3, 1, 2], [50, 9, 300, 64], [20, 4, 128, 64]  # the last: nothing past its prefix
+    batch, max_rows = len(lens_q), max(lens_k)
+    num_pages = batch * max_rows + 7
+    k_pages, v_pages = (randn(num_pages, 1, heads_k, d, dtype=dtype) for _ in range(2))
+    table = torch.randperm(num_pages, device="cuda")[:batch * max_rows].to(torch.int32).view(batch, max_rows)
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).to(torch.int32)
+    q = randn(int(cu_q[-1]), heads, d, dtype=dtype)
+
+    def call(tab, lens):
+        return flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=torch.tensor(lens, dtype=torch.int32,
+                                                                                        device="cuda"),
+                                       page_table=tab, cu_seqlens_q=cu_q, max_seqlen_q=max(lens_q),
+                                       return_softmax_lse=True)
+    full, full_lse = call(table, lens_k)
+    rest_table = torch.zeros_like(table)
+    for b, p in enumerate(prefix):
+        rest_table[b, :max_rows - p] = table[b, p:]
+    parts = [call(table, prefix), call(rest_table, [n - p for n, p in zip(lens_k, prefix)])]
+    out_partial = torch.stack([o.float() for o, _ in parts])  # (2, total_q, heads, d)
+    lse_partial = torch.stack([lse.t() for _, lse in parts])  # (2, total_q, heads)
+    out, lse = flash_attn2.flash_attn_combine(out_partial, lse_partial, out_dtype=dtype)
+    assert max_error(out, full) <= 2e-2
+    assert max_error(lse, full_lse.t()) <= LSE_ATOL
