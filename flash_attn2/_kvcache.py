@@ -307,19 +307,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cu_seqlens_q is not None and max_seqlen_q is None:
         raise ValueError("flash_attn2: cu_seqlens_q needs max_seqlen_q (the longest sequence's queries, a hint)")
     max_seqlen_q = 0 if cu_seqlens_q is None else max_seqlen_q
-    inputs = (q, k_cache, v_cache, k, v, learnable_sink)
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
-    with torch.no_grad():  # forward only: under grad mode the output gets a node that raises on backward (below)
-        result = _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
-                               cache_leftpad, block_table, None, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
-                               window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse,
-                               learnable_sink)
-    if needs_grad:
-        from .flash_attn_interface import _NoBackward
-        out = result[0] if return_softmax_lse else result
-        out = _NoBackward.apply(out, "flash_attn_with_kvcache", *(t for t in inputs if isinstance(t, torch.Tensor)))
-        result = (out, result[1]) if return_softmax_lse else out
-    return result
+    def call():
+        return _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                             cache_leftpad, block_table, None, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
+                             window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse,
+                             learnable_sink)
+    inputs = [t for t in (q, k_cache, v_cache, k, v, learnable_sink) if isinstance(t, torch.Tensor)]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return call()  # (no grad context around the op: an exported graph keeps it at the top level)
+    from .flash_attn_interface import _NoBackward
+    with torch.no_grad():  # forward only: the output gets a node that raises on backward
+        result = call()
+    out = _NoBackward.apply(result[0] if return_softmax_lse else result, "flash_attn_with_kvcache", *inputs)
+    return (out, result[1]) if return_softmax_lse else out
 
 
 def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

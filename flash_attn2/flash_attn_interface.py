@@ -8,6 +8,7 @@ checks the tensors (flash_attn2/_checks.py) and whose autograd formula calls tor
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
@@ -336,7 +337,8 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                          f"device {q.device}")
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                                  for t in (q, k_cache, v_cache, learnable_sink))
-    with torch.no_grad():
+    # (grad mode off only where a backward could be asked for: an exported graph keeps the op at the top level)
+    with torch.no_grad() if needs_grad else contextlib.nullcontext():
         result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
                                     cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size,
                                     softcap, True, alibi_slopes, num_splits, True, learnable_sink)

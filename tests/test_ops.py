@@ -252,6 +252,10 @@ def fixed_calls():
         "flash_attn_qkvpacked_func": (
             lambda qkv: flash_attn2.flash_attn_qkvpacked_func(qkv, deterministic=True),
             lambda b, sq, sk: (torch.stack(dense(b, sq, sq, 4, 4), dim=2),)),
+        "flash_attn_func_learnable_sink": (  # the sink a leaf too: dsink through the compiled graph
+            lambda q, k, v, sink: flash_attn2.flash_attn_func(q, k, v, causal=True, deterministic=True,
+                                                              learnable_sink=sink),
+            lambda b, sq, sk: (*dense(b, sq, sk), torch.randn(4, device="cuda"))),  # (heads,): dense's 4
     }
 
 
