@@ -220,12 +220,13 @@ def test_mla_pair_kernel_and_fallback(case, monkeypatch):
 def test_mla_pair_variants(dtype, d_qk, d_v, variant):
     """The pair kernel's forward with head dims inside its buckets (V / O columns past d_v, Q / K past d_qk: zero
     filled and never stored; d_v 100 is padded to 104 by the op), fp16 and bf16, softcap with ALiBi (the extended
-    kernel) and a sink, against the float32 reference under the 2x rule."""
+    kernel) and a sink, against the float32 reference under the 2x rule; then the backward's dq, dk, dv (the
+    variants' backward with d_v != d_qk, unpadded or padded as the path takes it)."""
     if 192 not in flash_attn2.compiled_head_dims(dtype):
         pytest.skip(f"head dim 192 {dtype} not compiled")
-    q = torch.randn(2, 257, 8, d_qk, device="cuda", dtype=dtype)
-    k = torch.randn(2, 300, 2, d_qk, device="cuda", dtype=dtype)
-    v = torch.randn(2, 300, 2, d_v, device="cuda", dtype=dtype)
+    q = torch.randn(2, 257, 8, d_qk, device="cuda", dtype=dtype, requires_grad=True)
+    k = torch.randn(2, 300, 2, d_qk, device="cuda", dtype=dtype, requires_grad=True)
+    v = torch.randn(2, 300, 2, d_v, device="cuda", dtype=dtype, requires_grad=True)
     extra = {}
     if variant == "softcap_alibi":
         extra = dict(softcap=20.0, alibi_slopes=torch.rand(8, device="cuda"))
@@ -237,11 +238,20 @@ def test_mla_pair_variants(dtype, d_qk, d_v, variant):
     out = call()
     assert out.shape == (2, 257, 8, d_v)
     pad = lambda t: torch.nn.functional.pad(t, (0, d_qk - d_v))  # noqa: E731
-    refs = [attention_ref(q, k, pad(v), True, upcast=up, softcap=extra.get("softcap", 0.0),
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    refs = []
+    for up in (True, False):
+        leaves = [(t.detach().float() if up else t.detach().clone()).requires_grad_() for t in (q, k, v)]
+        o = attention_ref(leaves[0], leaves[1], pad(leaves[2]), True, upcast=up, softcap=extra.get("softcap", 0.0),
                           alibi_slopes=extra.get("alibi_slopes"), sink=extra.get("learnable_sink"))[0][..., :d_v]
-            for up in (True, False)]
-    ok, err, err_pt = within_tolerance(out, *refs)
+        refs.append((o, *torch.autograd.grad(o, leaves, dout.float() if up else dout)))
+    ok, err, err_pt = within_tolerance(out, refs[0][0], refs[1][0])
     assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    for name, g, r, p in zip("qkv", grads, refs[0][1:], refs[1][1:]):
+        assert g.shape == {"q": q, "k": k, "v": v}[name].shape
+        ok, err, err_pt = within_tolerance(g, r, p, atol=1e-4)
+        assert ok, f"d{name} error {err} vs PyTorch's {err_pt}"
 
 
 @pytest.mark.gpu
