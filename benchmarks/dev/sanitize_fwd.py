@@ -84,6 +84,19 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
         cu_q = ints(0, 80, 80, 200, 320)
         flash_attn_with_kvcache(q_tall.reshape(-1, 8, d), k_pages, v_pages, cache_seqlens=ints(30, 0, 2**30, -1),
                                 page_table=table, cu_seqlens_q=cu_q, max_seqlen_q=120, causal=True)
+    # vLLM's form (flash_attn_varlen_func with block_table): hostile cu_seqlens_q (decreasing, past q's rows),
+    # seqused_k (negative, past the capacity), cu_seqlens_k instead of seqused_k (decreasing), a -1-padded table with
+    # out-of-range entries; short rows (split kernel) and tall ones (the Hopper forward on pages of 16).
+    pages7 = torch.randn(20, 7, 2, d, **bf16), torch.randn(20, 7, 2, d, **bf16)
+    pages16 = torch.randn(9, 16, 2, d, **bf16), torch.randn(9, 16, 2, d, **bf16)
+    for (kp, vp), q_rows, max_q in ((pages7, 12, 4), (pages16, 400, 200)):
+        qv = torch.randn(q_rows, 8, d, **bf16)
+        table = torch.tensor([[3, -1, -1], [10**6, -5, 8], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
+        cu_q = ints(0, q_rows // 2, q_rows // 4, q_rows + 50, 2**30)
+        flash_attn_varlen_func(qv, kp, vp, cu_seqlens_q=cu_q, max_seqlen_q=max_q, seqused_k=ints(-3, 2**31 - 1, 5, 40),
+                               max_seqlen_k=48, block_table=table, causal=True, out=torch.empty_like(qv))
+        flash_attn_varlen_func(qv, kp, vp, cu_q, ints(0, 30, 10, 2**20, -7), max_q, 48, causal=True, block_table=table,
+                               num_splits=3)
 torch.cuda.synchronize()
 print("kvcache: ok")
 
