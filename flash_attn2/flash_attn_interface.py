@@ -339,15 +339,29 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                  for t in (q, k_cache, v_cache, learnable_sink))
     # (grad mode off only where a backward could be asked for: an exported graph keeps the op at the top level)
     with torch.no_grad() if needs_grad else contextlib.nullcontext():
-        result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None, block_table,
-                                    cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal, window_size,
-                                    softcap, True, alibi_slopes, num_splits, True, learnable_sink)
+        try:
+            result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None,
+                                        block_table, cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
+                                        window_size, softcap, True, alibi_slopes, num_splits, True, learnable_sink)
+        except (TypeError, ValueError, NotImplementedError) as error:
+            raise _in_callers_names(error) from None
         if out is not None:
             out.copy_(result)
             result = out
     if needs_grad:  # flash-attn's own tests call it with q requiring grad: the forward runs, a backward raises
         result = _NoBackward.apply(result, "the paged forward (block_table)", q, k_cache, v_cache, learnable_sink)
     return (result, lse, None) if return_attn_probs else result
+
+
+def _in_callers_names(error):
+    """The kv-cache call's argument error in the paged varlen call's names (flash_attn_varlen_func passes seqused_k as
+    cache_seqlens and k / v as the caches): the error a vLLM caller can act on."""
+    import re
+    message = str(error).replace("cache_seqlens (seqused_k)", "seqused_k")
+    for ours, theirs in (("cache_seqlens", "seqused_k"), ("k_cache", "k"), ("v_cache", "v"),
+                         ("flash_attn_with_kvcache", "flash_attn_varlen_func with block_table")):
+        message = re.sub(rf"\b{ours}\b", theirs, message)
+    return type(error)(message)
 
 
 class _NoBackward(torch.autograd.Function):

@@ -111,7 +111,7 @@ def test_block_table_checks():
     checked before any GPU work, and what it lacks raises NotImplementedError naming it."""
     q, k, v, cu_q, cu_k, max_q, max_k = varlen_args()
     table = torch.zeros(2, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="q, k_cache, v_cache must be CUDA tensors"):  # every other check passed
+    with pytest.raises(ValueError, match="q, k, v must be CUDA tensors"):  # every other check passed; the caller's names
         flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k, block_table=table)
     with pytest.raises(NotImplementedError, match="dropout_p > 0 with block_table"):
         flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k, 0.1, block_table=table)
@@ -347,3 +347,19 @@ def test_varlen_return_softmax_lse():
     out, lse = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu_k, mq, mk, causal=True, return_softmax_lse=True)
     out2, lse2, _ = flash_attn2.flash_attn_varlen_func(q, k, v, cu, cu_k, mq, mk, causal=True, return_attn_probs=True)
     assert torch.equal(out, out2) and torch.equal(lse, lse2) and lse.shape == (4, 10)
+
+
+def test_paged_varlen_errors_name_the_callers_arguments():
+    """flash_attn_varlen_func with block_table runs the kv-cache call: its argument errors name seqused_k and k / v,
+    what the caller passed, not cache_seqlens and the caches."""
+    q, _, _, cu, _, mq, _ = varlen_args()
+    pages = torch.randn(1, 16, 4, 64, dtype=BF16)
+    table = torch.zeros(2, 1, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"seqused_k must be int32") as info:
+        flash_attn2.flash_attn_varlen_func(q, pages, pages, cu_seqlens_q=cu, max_seqlen_q=mq, block_table=table,
+                                           seqused_k=torch.tensor([4, 6]))
+    assert "cache_seqlens" not in str(info.value)
+    with pytest.raises(ValueError, match=r"\bk and v must have the same shape") as info:
+        flash_attn2.flash_attn_varlen_func(q, pages, pages[:, :8], cu_seqlens_q=cu, max_seqlen_q=mq,
+                                           block_table=table, seqused_k=torch.tensor([4, 6], dtype=torch.int32))
+    assert "k_cache" not in str(info.value)
