@@ -111,7 +111,7 @@ def test_block_table_checks():
     checked before any GPU work, and what it lacks raises NotImplementedError naming it."""
     q, k, v, cu_q, cu_k, max_q, max_k = varlen_args()
     table = torch.zeros(2, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="q, k, v must be CUDA tensors"):  # every other check passed; the caller's names
+    with pytest.raises(ValueError, match="q, k, v must be CUDA tensors"):  # every other check passed
         flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k, block_table=table)
     with pytest.raises(NotImplementedError, match="dropout_p > 0 with block_table"):
         flash_attn2.flash_attn_varlen_func(q, k[None], v[None], cu_q, cu_k, max_q, max_k, 0.1, block_table=table)
