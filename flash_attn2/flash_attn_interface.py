@@ -289,8 +289,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
 
     block_table (batch, max_pages) int32: k / v are a paged cache (num_pages, page_size, nheads_k, headdim), any
     page_size >= 1, sequence b's keys the first seqused_k[b] (seqused_k: (batch,) int32, vLLM's call) or
-    cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows through its table row (cu_seqlens_k may be None with seqused_k); the
-    split-KV kernel, forward only, no dropout; num_splits as flash_attn_with_kvcache's.
+    cu_seqlens_k[b + 1] - cu_seqlens_k[b] rows through its table row (cu_seqlens_k may be None with seqused_k),
+    clamped on the device to [0, the table's capacity max_pages * page_size] (no sync; a decreasing cu_seqlens_k pair
+    is an empty sequence); table entries past a sequence's pages are never read (-1 padding is fine), others are
+    clamped to the pages. Forward only (a backward raises), no dropout; num_splits and scheduler_metadata as
+    flash_attn_with_kvcache's; out= gets the result.
     """
     learnable_sink = _sink_arg(learnable_sink, s_aux)
     if block_table is not None:
