@@ -411,6 +411,37 @@ bool run_case(const Case& c, fa::DType t, const Tolerance& tol, int num_sms, cud
   bad = p;
   bad.window_left = -2;  // -1 is unbounded; below that is no window
   ok &= check_refused("run_fwd, window_left -2", fa::run_fwd(bad, stream), "window_left");
+  {  // d_v != d_qk (FwdParams::head_dim_v, MLA): v's first head_dim / 2 columns as the values, at v's strides. Where
+     // a pair kernel serves it (fwd_serves_head_dim_v), out's first d_v columns are the plain call's (each column of
+     // out is P times that column of v) and lse is unchanged; elsewhere run_fwd refuses it, naming the knob.
+    fa::FwdParams mla = p;
+    mla.head_dim_v = c.head_dim / 2;
+    if (fa::fwd_serves_head_dim_v(mla)) {
+      out_dev.poison();
+      lse_dev.poison();
+      FA_CHECK(fa::run_fwd(mla, stream));
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      const std::vector<double> got = to_double(out_dev.download<uint16_t>(ref.out.size()), t);
+      double err = 0, max_ref = 0;
+      for (size_t i = 0; i < ref.out.size(); ++i) {
+        if (int(i % c.head_dim) >= mla.head_dim_v) continue;  // out's columns past d_v: not written
+        const double e = std::fabs(got[i] - ref.out[i]);
+        err = std::isnan(e) ? kInf : std::max(err, e);
+        max_ref = std::max(max_ref, std::fabs(ref.out[i]));
+      }
+      const bool good = err <= tol.out * max_ref;
+      std::printf("    run_fwd, head_dim_v %d: out's first columns max|err| %.2e  %s\n", mla.head_dim_v, err,
+                  good ? "ok" : "FAIL");
+      ok &= good && check_lse(ref.lse, lse_dev);
+    } else {  // not a bad argument but a missing kernel: cudaErrorNotSupported
+      const cudaError_t err = fa::run_fwd(mla, stream);
+      const bool refused = err == cudaErrorNotSupported &&
+                           std::strstr(fa::last_error_message(), "FLASH_ATTN2_HEAD_DIM_PAIRS") != nullptr;
+      std::printf("    run_fwd, head_dim_v %d (no pair kernel): %s  %s\n", mla.head_dim_v, cudaGetErrorName(err),
+                  refused ? "ok" : "FAIL");
+      ok &= refused;
+    }
+  }
   FA_CHECK(fa::run_fwd(p, stream));  // a success clears the message
   CUDA_CHECK(cudaStreamSynchronize(stream));
   const bool cleared = fa::last_error_message()[0] == '\0';
