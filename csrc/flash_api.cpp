@@ -494,9 +494,26 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   TORCH_CHECK(!dsink.has_value() || (sink.has_value() && dsink->scalar_type() == at::kFloat && dsink->is_contiguous() &&
                                      dsink->numel() == q.size(-2) && dsink->device() == q.device()),
               "flash_attn2: dsink must be a contiguous fp32 (nheads,) tensor on q's device, with learnable_sink");
-  if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows (out is 0: D and dsink are too)
+  TORCH_CHECK(!dlse.has_value() || (dlse->sizes() == lse.sizes() && dlse->device() == q.device()),
+              "flash_attn2: dlse (the gradient of softmax_lse) must have softmax_lse's shape, on q's device");
+  if (q.numel() == 0 || k.numel() == 0) {  // no queries or no keys: nothing flows through out (it is 0, so is D)
     dq.zero_(), dk.zero_(), dv.zero_();
-    if (dsink.has_value()) const_cast<Tensor&>(*dsink).zero_();
+    if (dsink.has_value()) {
+      Tensor& ds = const_cast<Tensor&>(*dsink);
+      if (dlse.has_value() && q.numel() > 0) {
+        // lse is the sink on the rows the sequences cover (-inf elsewhere: fill_empty_lse), so dL/dsink_h sums
+        // dlse over the rows whose lse is the sink: exp(sink_h - lse) is 1 there, 0 on the uncovered rows.
+        const bool varlen = cu_seqlens_q.has_value();
+        const int64_t head_dim_at = varlen ? 0 : 1;  // lse (nheads, total_q) or (batch, nheads, seqlen_q)
+        const Tensor covered = lse.ne(-std::numeric_limits<float>::infinity());
+        Tensor per_row = dlse->to(at::kFloat) * covered;
+        std::vector<int64_t> dims;
+        for (int64_t d = 0; d < lse.dim(); ++d) if (d != head_dim_at) dims.push_back(d);
+        ds.copy_(per_row.sum(dims));
+      } else {
+        ds.zero_();
+      }
+    }
     return;
   }
   flash_attn2::BwdParams p{};
@@ -515,8 +532,6 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
               "flash_attn2: dout must have out's shape and dq q's");
   TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == v.sizes(), "flash_attn2: dk and dv must have k's and v's shapes");
   TORCH_CHECK(lse.is_contiguous(), "flash_attn2: softmax_lse must be contiguous");
-  TORCH_CHECK(!dlse.has_value() || (dlse->sizes() == lse.sizes() && dlse->device() == q.device()),
-              "flash_attn2: dlse (the gradient of softmax_lse) must have softmax_lse's shape, on q's device");
   const c10::cuda::CUDAGuard guard(q.device());
   Tensor dlse32;  // fp32 in lse's (contiguous) layout, alive until run_bwd has queued the preprocess that reads it
   if (dlse.has_value()) {
@@ -1102,7 +1117,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_autograd(
                       deterministic, dropout_p, rng_state, learnable_sink, dlse);
   }
   const bool differentiable = dout.requires_grad() || q.requires_grad() || k.requires_grad() || v.requires_grad() ||
-                              out.requires_grad() || (learnable_sink.has_value() && learnable_sink->requires_grad());
+                              out.requires_grad() || (learnable_sink.has_value() && learnable_sink->requires_grad()) ||
+                              (dlse.has_value() && dlse->requires_grad());
   if (!torch::autograd::GradMode::is_enabled() || !differentiable) return {dq, dk, dv, dsink};
   auto error = std::make_shared<torch::autograd::DelayedError>(
       "flash_attn2: double backward (differentiating through flash_attn2's gradients, e.g. with "

@@ -318,8 +318,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     from .flash_attn_interface import _NoBackward
     with torch.no_grad():  # forward only: the output gets a node that raises on backward
         result = call()
-    out = _NoBackward.apply(result[0] if return_softmax_lse else result, "flash_attn_with_kvcache", *inputs)
-    return (out, result[1]) if return_softmax_lse else out
+    if not return_softmax_lse:
+        return _NoBackward.apply(result, "flash_attn_with_kvcache", *inputs)
+    return tuple(_NoBackward.apply(t, "flash_attn_with_kvcache", *inputs) for t in result)  # out and lse
 
 
 def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

@@ -185,7 +185,7 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqle
 
 def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
                window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table=None,
-               learnable_sink=None):
+               learnable_sink=None, return_lse=False):
     _check_unsupported(block_table)
     dropout_p = _dropout_p(dropout_p)
     softcap = _softcap(softcap)
@@ -220,8 +220,8 @@ def _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
     out, softmax_lse, rng_state = _ops.fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                            causal, left, right, softcap, alibi_slopes, bool(deterministic), dropout_p,
                                            learnable_sink)
-    if not return_attn_probs:
-        return out
+    if not return_attn_probs:  # (return_lse: FA3's / vLLM's (out, lse), without dropout's S_dmask)
+        return (out, softmax_lse) if return_lse else out
     # S_dmask carries the dropout pattern, as in flash-attn; without dropout it is None there too.
     s_dmask = None
     if dropout_p > 0.0:
@@ -317,10 +317,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if n is None:
             raise TypeError(f"flash_attn2: flash_attn_varlen_func needs {name}")
-    result = _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
-                        causal, window_size, softcap, alibi_slopes, deterministic,
-                        return_attn_probs or return_softmax_lse, block_table, learnable_sink)
-    return result if return_attn_probs or not return_softmax_lse else result[:2]
+    return _attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale,
+                      causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, block_table,
+                      learnable_sink, return_lse=return_softmax_lse)
 
 
 def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, dropout_p, softmax_scale, causal,
@@ -347,12 +346,14 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         block_table, cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
                                         window_size, softcap, True, alibi_slopes, num_splits, True, learnable_sink)
         except (TypeError, ValueError, NotImplementedError) as error:
-            raise _in_callers_names(error) from None
+            raise _in_callers_names(error) from error
         if out is not None:
             out.copy_(result)
             result = out
     if needs_grad:  # flash-attn's own tests call it with q requiring grad: the forward runs, a backward raises
-        result = _NoBackward.apply(result, "the paged forward (block_table)", q, k_cache, v_cache, learnable_sink)
+        inputs = [t for t in (q, k_cache, v_cache, learnable_sink) if isinstance(t, torch.Tensor)]
+        result = _NoBackward.apply(result, "the paged forward (block_table)", *inputs)
+        lse = _NoBackward.apply(lse, "the paged forward (block_table)", *inputs)
     return (result, lse, None) if return_attn_probs else result
 
 

@@ -182,10 +182,11 @@ def kvcache_ref(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin
     return torch.cat(outs), torch.cat(lses), k_cache, v_cache
 
 
-def attention_bwd_ref(q, k, v, out, lse, dout, causal=False, softmax_scale=None):
+def attention_bwd_ref(q, k, v, out, lse, dout, causal=False, softmax_scale=None, dlse=None):
     """The attention backward of one block from the whole row's out and lse (what a ring's block backward computes):
-    P = exp(scale S - lse), D = rowsum(dO o O), dS = P (dP - D); returns (dq, dk, dv), dk / dv summed over each kv
-    head's query heads (GQA). q (b, sq, h, d), k / v (b, sk, hk, d), out / dout like q, lse (b, h, sq); float64 works."""
+    P = exp(scale S - lse), D = rowsum(dO o O) (less dlse, lse's gradient, where given), dS = P (dP - D); returns
+    (dq, dk, dv), dk / dv summed over each kv head's query heads (GQA). q (b, sq, h, d), k / v (b, sk, hk, d),
+    out / dout like q, lse and dlse (b, h, sq); float64 works."""
     group = q.shape[2] // k.shape[2]
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     kx, vx = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
@@ -200,6 +201,8 @@ def attention_bwd_ref(q, k, v, out, lse, dout, causal=False, softmax_scale=None)
     dv = torch.einsum("bhts,bthd->bshd", p, dout)
     dp = torch.einsum("bthd,bshd->bhts", dout, vx)
     d_row = (dout * out).sum(-1).transpose(1, 2)  # (b, h, sq)
+    if dlse is not None:
+        d_row = d_row - dlse.to(d_row.dtype)
     ds = p * (dp - d_row.unsqueeze(-1))
     dq = torch.einsum("bhts,bshd->bthd", ds, kx) * scale
     dk = torch.einsum("bhts,bthd->bshd", ds, q) * scale

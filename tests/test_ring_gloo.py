@@ -54,9 +54,9 @@ class _HalfBackend:
         return out.to(q.dtype), lse
 
     @staticmethod
-    def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
+    def backward(dout, q, k, v, out, lse, causal, scale, deterministic, dlse=None):
         from flash_attn2.testing import attention_bwd_ref
-        grads = attention_bwd_ref(q.float(), k.float(), v.float(), out.float(), lse, dout.float(), causal, scale)
+        grads = attention_bwd_ref(q.float(), k.float(), v.float(), out.float(), lse, dout.float(), causal, scale, dlse)
         return tuple(g.to(q.dtype) for g in grads)
 
 
@@ -290,3 +290,38 @@ def test_a_rank_refusing_a_call_makes_every_rank_raise():
     for name in ("length", "window"):
         assert got[(0, name)].startswith("ValueError") and "rank 1 refused the call" in got[(0, name)], got
     assert all(got[(r, "dtype")].startswith("ValueError") and "float32" in got[(r, "dtype")] for r in (0, 1)), got
+
+
+def _lse_worker(rank, world, store_path, cases, results):
+    """A loss through the ring's out and its merged lse (the reference block backend, float64): every rank's dq, dk,
+    dv against full attention's through both."""
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        for i, (layout, causal) in enumerate(cases):
+            torch.manual_seed(100 + i)
+            seqlen = 2 * world * 3
+            q = torch.randn(2, seqlen, 4, 8, dtype=torch.float64)
+            k, v = (torch.randn(2, seqlen, 2, 8, dtype=torch.float64) for _ in range(2))
+            dout, dlse = torch.randn_like(q), torch.randn(2, 4, seqlen, dtype=torch.float64)
+            shard = lambda t, dim=1: ring._layout_shard(layout, t, rank, world, dim)  # noqa: E731
+            ql, kl, vl = (shard(t).requires_grad_() for t in (q, k, v))
+            out, lse, _ = ring._ring_func(layout, ql, kl, vl, 0.0, None, causal, (-1, -1), None, False, True, None,
+                                          backend=ring.ReferenceBackend)
+            grads = torch.autograd.grad((out, lse), (ql, kl, vl), (shard(dout), shard(dlse, 2)))
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            ref, ref_lse = attention_ref(*leaves, causal)
+            ref_grads = torch.autograd.grad((ref, ref_lse), leaves, (dout, dlse))
+            results[(rank, i)] = max((g - shard(r)).abs().max().item() for g, r in zip(grads, ref_grads))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_loss_through_lse(world):
+    """The ring's lse is differentiable like flash_attn_func's: its gradient enters each block's backward (D less
+    the rows' dlse), exact for every layout, causal or not."""
+    cases = [(layout, causal) for layout in ("contiguous", "zigzag", "stripe") for causal in (False, True)]
+    worst = run_ranks(_lse_worker, world, cases)
+    assert len(worst) == world * len(cases)
+    bad = {cases[i]: err for (rank, i), err in worst.items() if not err <= 1e-9}
+    assert not bad, bad

@@ -273,6 +273,11 @@ def test_sink_with_no_keys_at_all():
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(lse, sink.detach().view(1, 4, 1).expand(2, 4, 5))
     grads = torch.autograd.grad(out, (q, sink), torch.randn_like(out))
     assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+    # a loss through lse too: lse is the sink on every row, so dsink_h sums dlse over the head's rows (dq still 0)
+    dlse = torch.randn_like(lse)
+    out, lse, _ = flash_attn2.flash_attn_func(q, k, k, learnable_sink=sink, return_attn_probs=True)
+    dq, dsink = torch.autograd.grad((out, lse), (q, sink), (torch.randn_like(out), dlse))
+    assert torch.equal(dq, torch.zeros_like(dq)) and torch.allclose(dsink, dlse.sum((0, 2)), atol=1e-5)
 
 
 @pytest.mark.gpu

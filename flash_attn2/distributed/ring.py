@@ -16,6 +16,8 @@ raises NotImplementedError naming it; windows run on the all-gather form, llama3
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 
@@ -40,10 +42,10 @@ class KernelBackend:
         return out, lse
 
     @staticmethod
-    def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
+    def backward(dout, q, k, v, out, lse, causal, scale, deterministic, dlse=None):
         from .. import _ops
         return _ops.bwd(dout, q, k, v, out.to(q.dtype), lse.contiguous(), None, None, 0, 0, scale, causal, -1, -1, 0.0,
-                        None, deterministic)[:3]
+                        None, deterministic, dlse=None if dlse is None else dlse.contiguous())[:3]
 
 
 class ReferenceBackend:
@@ -55,9 +57,9 @@ class ReferenceBackend:
         return attention_ref(q, k, v, causal, scale)
 
     @staticmethod
-    def backward(dout, q, k, v, out, lse, causal, scale, deterministic):
+    def backward(dout, q, k, v, out, lse, causal, scale, deterministic, dlse=None):
         from ..testing import attention_bwd_ref
-        return attention_bwd_ref(q, k, v, out.to(q.dtype), lse, dout, causal, scale)
+        return attention_bwd_ref(q, k, v, out.to(q.dtype), lse, dout, causal, scale, dlse)
 
 
 def _block(task, q, k, v):
@@ -244,8 +246,9 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
     return out, lse
 
 
-def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic):
-    """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries. The keys and values go around again
+def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic, dlse=None):
+    """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries; dlse: the merged lse's gradient
+    where the loss uses it (each block's D less its rows' dlse: exact, every block reads the merged lse). The keys and values go around again
     (the next hop in flight during this step's blocks); the held block's dK / dV sum travels one hop behind them
     (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home,
     as two tensors (dk, dv: outputs of the op may not alias)."""
@@ -260,8 +263,9 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, keys = _block(task, q, k_cur, v_cur)
             rows = slice(row0, task.q[1])
+            extra = () if dlse is None else (dlse[:, :, rows],)  # (a block backend's dlse argument: optional)
             bdq, bdk, bdv = backend.backward(dout[:, rows], qb, kb, vb, out[:, rows], lse[:, :, rows], block_causal,
-                                             scale, deterministic)
+                                             scale, deterministic, *extra)
             if dq is None and _writes_every_row(task, q.shape[1]):
                 dq = bdq.to(acc)  # the block's own output (fresh): on 2 ranks taken as it is, added to in place
             else:
@@ -326,13 +330,14 @@ def _(q, k, v, layout, causal, scale, group_name, backend, deterministic):
 @torch.library.custom_op("flash_attn2::ring_bwd", mutates_args=())
 def _ring_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
               lse: torch.Tensor, layout: str, causal: bool, scale: float, group_name: str, backend: str,
-              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              deterministic: bool, dlse: Optional[torch.Tensor] = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ring_backward(dout, q, k, v, out, lse, layout, causal, scale, _group(group_name), _BACKENDS[backend],
-                         deterministic)
+                         deterministic, dlse)
 
 
 @_ring_bwd.register_fake
-def _(dout, q, k, v, out, lse, layout, causal, scale, group_name, backend, deterministic):
+def _(dout, q, k, v, out, lse, layout, causal, scale, group_name, backend, deterministic, dlse=None):
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
 
 
@@ -343,11 +348,11 @@ def _ring_setup(ctx, inputs, output):
     ctx.deterministic = deterministic or torch.are_deterministic_algorithms_enabled()
 
 
-def _ring_grad(ctx, dout, _dlse):
+def _ring_grad(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
     layout, causal, scale, group_name, backend = ctx.args
     dq, dk, dv = _ring_bwd(dout.contiguous(), q, k, v, out, lse, layout, causal, scale, group_name, backend,
-                           ctx.deterministic)
+                           ctx.deterministic, None if dlse is None else dlse.contiguous())
     return dq, dk, dv, None, None, None, None, None, None
 
 
