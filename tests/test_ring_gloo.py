@@ -275,6 +275,13 @@ def _refusal_worker(rank, world, store_path, results):
                 results[(rank, name)] = "no error"
             except (ValueError, NotImplementedError) as e:
                 results[(rank, name)] = f"{type(e).__name__}: {e}"
+        from flash_attn2.distributed import packed  # a packed form: rank 1's qkv packs 4 tensors, not 3
+        qkv = torch.randn(1, 8, 4 if rank == 1 else 3, 2, 8, dtype=torch.float64)
+        try:
+            packed.zigzag_ring_flash_attn_qkvpacked_func(qkv, causal=True)
+            results[(rank, "packed")] = "no error"
+        except ValueError as e:
+            results[(rank, "packed")] = f"{type(e).__name__}: {e}"
     finally:
         dist.destroy_process_group()
 
@@ -287,7 +294,8 @@ def test_a_rank_refusing_a_call_makes_every_rank_raise():
     got = run_ranks(_refusal_worker, 2)
     assert got[(1, "length")].startswith("ValueError") and "divisible" in got[(1, "length")], got
     assert got[(1, "window")].startswith("NotImplementedError") and "window_size" in got[(1, "window")], got
-    for name in ("length", "window"):
+    assert "qkv must be" in got[(1, "packed")], got
+    for name in ("length", "window", "packed"):
         assert got[(0, name)].startswith("ValueError") and "rank 1 refused the call" in got[(0, name)], got
     assert all(got[(r, "dtype")].startswith("ValueError") and "float32" in got[(r, "dtype")] for r in (0, 1)), got
 

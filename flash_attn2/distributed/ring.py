@@ -248,10 +248,10 @@ def ring_forward(q, k, v, layout, causal, scale, group, backend):
 
 def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend, deterministic, dlse=None):
     """(dq, dk, dv) of this rank's shard: dk / dv summed over every rank's queries; dlse: the merged lse's gradient
-    where the loss uses it (each block's D less its rows' dlse: exact, every block reads the merged lse). The keys and values go around again
-    (the next hop in flight during this step's blocks); the held block's dK / dV sum travels one hop behind them
-    (received from the previous rank during this step, added to, sent on), and the world-th hop brings every sum home,
-    as two tensors (dk, dv: outputs of the op may not alias)."""
+    where the loss uses it (each block's D less its rows' dlse: exact, every block reads the merged lse). The keys and
+    values go around again (the next hop in flight during this step's blocks); the held block's dK / dV sum travels
+    one hop behind them (received from the previous rank during this step, added to, sent on), and the world-th hop
+    brings every sum home, as two tensors (dk, dv: outputs of the op may not alias)."""
     comm = RingComm(group)
     seqlen = q.shape[1] * comm.world
     kv = KVRing(comm, k, v)  # the first hop, before anything else is queued on the compute stream

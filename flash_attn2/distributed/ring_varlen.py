@@ -110,6 +110,9 @@ def _varlen_func(layout, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_sca
                  alibi_slopes, deterministic, return_attn_probs, group, backend=None):
     local_cu = [int(x) for x in cu_seqlens.tolist()]  # once per call, as ring-flash-attn's half indices
     try:
+        if len(local_cu) < 2:
+            raise ValueError(f"flash_attn2.distributed: cu_seqlens must hold at least two entries (batch + 1), got "
+                             f"{local_cu}")
         refuse_unsupported("the ring", q, v, dropout_p)
         if tuple(window_size) != (-1, -1):
             raise NotImplementedError("flash_attn2.distributed: window_size on the ring is not supported yet (the "
