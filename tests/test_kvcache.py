@@ -398,11 +398,12 @@ def test_paged_table_padding_and_strides(page, num_splits):
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("call", ["vllm", "vllm_cu_seqlens_k", "sglang"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("num_splits,hint", [(0, "exact"), (3, "exact"), (3, "short")])
+@pytest.mark.parametrize("num_splits,hint", [(0, "exact"), (1, "exact"), (3, "exact"), (3, "short"), ("meta", "exact")])
 def test_varlen_q_against_paged_cache(page, call, causal, num_splits, hint):
     """vLLM's call (flash_attn_varlen_func with seqused_k and block_table, cu_seqlens_k None) and SGLang's
     (flash_attn_with_kvcache with cu_seqlens_q, cache_seqlens and page_table, softmax_lse returned): a mixed batch
-    of decode rows and short chunks, an empty sequence, against each sequence's own reference."""
+    of decode rows and short chunks, an empty sequence, against each sequence's own reference. FA3's grid: num_splits
+    1 / 3 / 0, and 0 with precomputed metadata (get_scheduler_metadata's plan passed as scheduler_metadata)."""
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
     heads, heads_k, d, max_pages = 8, 2, 128, 24
@@ -415,21 +416,27 @@ def test_varlen_q_against_paged_cache(page, call, causal, num_splits, hint):
     seqused = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
     q = randn(int(cu_q[-1]), heads, d, dtype=dtype)
     max_q = max(lens_q) if hint == "exact" else 1  # a short hint: the rows past it still computed
+    meta = None
+    if num_splits == "meta":
+        meta = flash_attn2.get_scheduler_metadata(len(lens_q), max_q, max_pages * page, heads, heads_k, d, seqused,
+                                                  qkv_dtype=dtype, cu_seqlens_q=cu_q, page_size=page, causal=causal)
+        num_splits = 0
     if call == "vllm":  # with out= (vLLM's memory planning)
         given = torch.full_like(q, math.nan)
         out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, None, max_q, max(lens_k),
                                                          causal=causal, block_table=table, seqused_k=seqused,
-                                                         num_splits=num_splits, return_attn_probs=True, out=given)
+                                                         num_splits=num_splits, return_attn_probs=True, out=given,
+                                                         scheduler_metadata=meta)
         assert out is given
     elif call == "vllm_cu_seqlens_k":  # lengths from cu_seqlens_k, no seqused_k
         cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).to(torch.int32)
         out, lse, _ = flash_attn2.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, max_q, max(lens_k),
                                                          causal=causal, block_table=table, num_splits=num_splits,
-                                                         return_attn_probs=True)
+                                                         return_attn_probs=True, scheduler_metadata=meta)
     else:
         out, lse = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqused, page_table=table,
                                            cu_seqlens_q=cu_q, max_seqlen_q=max_q, causal=causal,
-                                           num_splits=num_splits, return_softmax_lse=True)
+                                           num_splits=num_splits, return_softmax_lse=True, scheduler_metadata=meta)
     dense_k, dense_v = from_pages(k_pages, table), from_pages(v_pages, table)
     capacity = dense_k.shape[1]
     for b, (n_q, n_k) in enumerate(zip(lens_q, lens_k)):
