@@ -203,6 +203,8 @@ def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, 
     if cu_seqlens_k_new is not None:
         raise NotImplementedError("flash_attn2: cu_seqlens_k_new is not supported (flash_attn_with_kvcache takes "
                                   "fixed-length k / v)")
+    if qkv_dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"flash_attn2: qkv_dtype must be torch.float16 or torch.bfloat16, got {qkv_dtype}")
     if pack_gqa is not None and not pack_gqa:
         raise NotImplementedError("flash_attn2: pack_gqa=False is not supported (the split kernel always packs the "
                                   "query heads of a kv head)")
@@ -273,12 +275,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     num_splits: 0 chooses from the shapes and the GPU, 1 does not split the keys, n > 1 splits them in n
     (at most 128). Device values (cache_seqlens, cache_batch_idx, cache_leftpad) are clamped to the cache, never
     checked with a sync: an entry past the cache reads as the cache's end. A row that sees no key gets out 0 and
-    softmax_lse -inf (flash-attn's split path gives +inf).
+    softmax_lse -inf (flash-attn 2.x gives +inf there on its non-split path).
 
     block_table (alias page_table, FA3's name) (batch, max_pages) int32: a paged cache, k_cache / v_cache
     (num_pages, page_size, nheads_k, headdim) with any page_size >= 1 and any page / row / head strides; sequence b's
     cache row j is row j % page_size of page block_table[b, j // page_size]. The capacity is max_pages * page_size;
-    entries past a sequence's rows are never read (-1 padding is fine), entries out of range are clamped to the pages.
+    entries past a sequence's rows (cache_seqlens) are never read (-1 padding is fine; without cache_seqlens every
+    entry is a sequence's), entries out of range are clamped to the pages.
     Not with cache_batch_idx.
 
     cu_seqlens_q (batch + 1,) int32 and max_seqlen_q (FA3's keywords; SGLang's call): q is (total_q, nheads, headdim)

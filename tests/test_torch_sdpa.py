@@ -58,6 +58,19 @@ def test_support_errors():
         assert "return_debug_mask" in torch_sdpa.support_error(qc, (qc,), return_debug_mask=True)
 
 
+def test_arguments_the_backward_loses_are_refused_under_grad():
+    """seqused_k and alibi_slopes reach _flash_attention_forward but not its backward: refused where a gradient can be
+    asked for (naming the argument), accepted for a forward-only call (CPU: the check runs before any kernel)."""
+    q = torch.zeros(1, 2, 3, 64, dtype=torch.bfloat16, requires_grad=True)
+    for name in ("seqused_k", "alibi_slopes"):
+        args = {"seqused_k": None, "alibi_slopes": None, name: torch.zeros(2)}
+        with pytest.raises(NotImplementedError, match=f"{name} with gradients"):
+            torch_sdpa._check_no_lost_arguments(args["seqused_k"], args["alibi_slopes"], (q,))
+        with torch.no_grad():
+            torch_sdpa._check_no_lost_arguments(args["seqused_k"], args["alibi_slopes"], (q,))
+        torch_sdpa._check_no_lost_arguments(args["seqused_k"], args["alibi_slopes"], (q.detach(),))
+
+
 # ---- GPU ----
 
 def _inputs(batch, heads, heads_k, seqlen_q, seqlen_k, d, dtype=torch.bfloat16, grad=True):

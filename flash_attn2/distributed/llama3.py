@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..flash_attn_interface import _softmax_scale
 from .ring import refuse_unsupported, refuse_with_peers
 
 
@@ -182,9 +183,9 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
         if not dist.is_initialized():
             raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
                              "first)")
+        scale = _softmax_scale(softmax_scale, q.shape[-1])  # flash_attn_func's check (positive, finite)
     except (ValueError, NotImplementedError) as error:
         refuse_with_peers(group, error)
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     out, lse = _Llama3Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, heads_k_stride,
                                       local_k_slice, scale, bool(causal), window, bool(deterministic), group,
                                       _backend or KernelVarlenBackend)

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..flash_attn_interface import _softmax_scale
 from ._merge import merge_partial
 from ._schedule import CAUSAL, CAUSAL_STRICT, check_layout, ring_tasks, shard_ranges
 
@@ -396,9 +397,9 @@ def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, a
                              "first)")
         world = dist.get_world_size(group)
         check_layout(layout, q.shape[1] * world, world)  # the layout's divisibility, before any transfer
+        scale = _softmax_scale(softmax_scale, q.shape[-1])  # flash_attn_func's check (positive, finite)
     except (ValueError, NotImplementedError) as error:
         refuse_with_peers(group, error)
-    scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
     group_name = (group if group is not None else dist.group.WORLD).group_name
     name = {KernelBackend: "kernel", ReferenceBackend: "reference", None: "kernel"}[backend]
     out, lse = _ring_fwd(q, k, v, layout, bool(causal), scale, group_name, name, bool(deterministic))

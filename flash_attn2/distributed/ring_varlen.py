@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..flash_attn_interface import _softmax_scale
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
@@ -128,9 +129,9 @@ def _varlen_func(layout, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_sca
         if not dist.is_initialized():
             raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
                              "first)")
+        scale = _softmax_scale(softmax_scale, q.shape[-1])  # flash_attn_func's check (positive, finite)
     except (ValueError, NotImplementedError) as error:
         refuse_with_peers(group, error)
-    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     out, lse = _RingVarlen.apply(q, k, v, local_cu, layout, bool(causal), scale, group, backend or KernelVarlenBackend,
                                  bool(deterministic))
     return (out, lse, None) if return_attn_probs else out

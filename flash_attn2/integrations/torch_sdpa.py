@@ -101,6 +101,18 @@ def _check_debug_mask(return_debug_mask: bool, dropout_p: float) -> None:
                            "torch.nn.attention.restore_flash_attention_impl() gives PyTorch's kernels back")
 
 
+def _check_no_lost_arguments(seqused_k, alibi_slopes, inputs) -> None:
+    """aten::_flash_attention_forward takes seqused_k and alibi_slopes, but its backward (PyTorch's derivative
+    formula) is called without them: gradients would silently leave them out, on our kernels or PyTorch's. Refused
+    where a gradient can be asked for; forward-only calls are served."""
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return
+    for name, value in (("seqused_k", seqused_k), ("alibi_slopes", alibi_slopes)):
+        if value is not None:
+            raise NotImplementedError(f"flash_attn2 SDPA backend: {name} with gradients is not supported (PyTorch's "
+                                      f"backward of _flash_attention_forward does not receive it)")
+
+
 def _window(left, right) -> tuple[int, int]:
     return (-1 if left is None else int(left)), (-1 if right is None else int(right))
 
@@ -132,6 +144,7 @@ def _register() -> _Handle:
                       return_debug_mask, *, scale=None, window_size_left=None, window_size_right=None,
                       seqused_k=None, alibi_slopes=None):
         _check_debug_mask(return_debug_mask, dropout_p)
+        _check_no_lost_arguments(seqused_k, alibi_slopes, (query, key, value))
         why = support_error(query, (query, key, value), seqused_k=seqused_k, return_debug_mask=return_debug_mask)
         if why is not None:
             _log_fallback("_flash_attention_forward", why)
