@@ -146,9 +146,10 @@ def _llama3_worker(rank, world, store_path, cases, results):
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             ref, ref_lse = attention_ref_varlen(*leaves, cu, cu, causal, window=window)
             errors = [(out - ref[mine]).abs().max().item(), (lse - ref_lse[:, mine]).abs().max().item()]
-            if window == (-1, -1):
-                grads = torch.autograd.grad(out, (ql, kl, vl), dout[mine])
-                ref_grads = torch.autograd.grad(ref, leaves, dout)
+            if window == (-1, -1):  # a loss through out and lse (lse's gradient: each piece's D less its dlse)
+                dlse = torch.randn_like(ref_lse)
+                grads = torch.autograd.grad((out, lse), (ql, kl, vl), (dout[mine], dlse[:, mine]))
+                ref_grads = torch.autograd.grad((ref, ref_lse), leaves, (dout, dlse))
                 errors += [(g - r[mine]).abs().max().item() for g, r in zip(grads, ref_grads)]
             results[(rank, i)] = max(errors)
     finally:
@@ -185,10 +186,11 @@ def _varlen_worker(rank, world, store_path, cases, results):
             out, lse, _ = ring_varlen._varlen_func(layout, ql, kl, vl, local_cu, int((local_cu[1:] - local_cu[:-1]).max()),
                                                    0.0, None, causal, (-1, -1), None, False, True, None,
                                                    backend=llama3.ReferenceVarlenBackend)
-            grads = torch.autograd.grad(out, (ql, kl, vl), shard(dout))
+            dlse = torch.randn(heads, total, dtype=torch.float64)  # a loss through out and lse
+            grads = torch.autograd.grad((out, lse), (ql, kl, vl), (shard(dout), shard(dlse.t()).t()))
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             ref, ref_lse = attention_ref_varlen(*leaves, cu, cu, causal)
-            ref_grads = torch.autograd.grad(ref, leaves, dout)
+            ref_grads = torch.autograd.grad((ref, ref_lse), leaves, (dout, dlse))
             errors = [(out - shard(ref)).abs().max().item(), (lse - shard(ref_lse.t()).t()).abs().max().item()]
             errors += [(g - shard(r)).abs().max().item() for g, r in zip(grads, ref_grads)]
             results[(rank, i)] = max(errors)

@@ -50,10 +50,10 @@ class KernelVarlenBackend:
         return out, lse
 
     @staticmethod
-    def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic):
+    def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic, dlse=None):
         from .. import _ops
         return _ops.bwd(dout, q, k, v, out, lse.contiguous(), cu_q, cu_k, max_q, max_k, scale, causal, window[0],
-                        window[1], 0.0, None, deterministic)[:3]
+                        window[1], 0.0, None, deterministic, dlse=None if dlse is None else dlse.contiguous())[:3]
 
 
 class ReferenceVarlenBackend:
@@ -76,7 +76,7 @@ class ReferenceVarlenBackend:
         return out, lse
 
     @staticmethod
-    def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic):
+    def backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic, dlse=None):
         from ..testing import attention_bwd_ref
         if window != (-1, -1):
             raise NotImplementedError("the reference block backward has no window")
@@ -84,7 +84,8 @@ class ReferenceVarlenBackend:
         for q0, q1, k0, k1 in ReferenceVarlenBackend._segments(cu_q, cu_k):
             if q1 > q0:
                 g = attention_bwd_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], out[None, q0:q1],
-                                      lse[None, :, q0:q1], dout[None, q0:q1], causal, scale)
+                                      lse[None, :, q0:q1], dout[None, q0:q1], causal, scale,
+                                      None if dlse is None else dlse[None, :, q0:q1])
                 dq[q0:q1] += g[0][0]
                 dk[k0:k1] += g[1][0]
                 dv[k0:k1] += g[2][0]
@@ -129,12 +130,14 @@ class _Llama3Attention(torch.autograd.Function):
         out, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=0)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.args = (max_q, max_k, heads_k_stride, local_k_slice, scale, causal, window, deterministic, group, backend)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient None where the loss does not use it (no zeros to subtract)
         return out, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        if dout is None:  # a loss through lse alone
+            dout = torch.zeros_like(out)
         max_q, max_k, heads_k_stride, local_k_slice, scale, causal, window, deterministic, group, backend = ctx.args
         world = dist.get_world_size(group)
         heads, heads_k = q.shape[1], k.shape[1]
@@ -146,8 +149,9 @@ class _Llama3Attention(torch.autograd.Function):
             hs, qs = slice(h, h + heads_k_stride), slice(h * group_q, (h + heads_k_stride) * group_q)
             kf = _gather(k[:, hs], group, world)
             vf = _gather(v[:, hs], group, world)
+            extra = () if dlse is None else (dlse[qs],)  # lse's gradient: each piece's D less its rows' dlse
             g = backend.backward(dout[:, qs], q[:, qs], kf[local_k_slice], vf[local_k_slice], out[:, qs],
-                                 lse[qs], cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic)
+                                 lse[qs], cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic, *extra)
             dq[:, qs] = g[0]
             dkf = torch.zeros(kf.shape, dtype=acc, device=k.device)
             dvf = torch.zeros(vf.shape, dtype=acc, device=v.device)

@@ -59,8 +59,10 @@ def ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend
     return out, lse
 
 
-def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scale, group, backend, deterministic):
-    """ring.ring_backward's schedule over documents: the next hop's keys in flight, the dK / dV sums one hop behind."""
+def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scale, group, backend, deterministic,
+                         dlse=None):
+    """ring.ring_backward's schedule over documents: the next hop's keys in flight, the dK / dV sums one hop behind;
+    dlse (the merged lse's gradient) as ring.ring_backward takes it."""
     comm = RingComm(group)
     chunks = _CHUNKS[layout]
     kv = KVRing(comm, k, v)
@@ -75,8 +77,9 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
             ki, cu_k, max_k = _select(local_cu, chunks, *task.k, q.device)
             if qi.numel() == 0 or ki.numel() == 0:
                 continue
+            extra = () if dlse is None else (dlse[:, qi],)
             g = backend.backward(dout[qi], q[qi], k_cur[ki], v_cur[ki], out[qi].to(q.dtype), lse[:, qi], cu_q, cu_k,
-                                 max_q, max_k, task.mask == CAUSAL, scale, (-1, -1), deterministic)
+                                 max_q, max_k, task.mask == CAUSAL, scale, (-1, -1), deterministic, *extra)
             dq[qi] += g[0].to(acc)
             dk[ki] += g[1].to(acc)
             dv[ki] += g[2].to(acc)
@@ -97,13 +100,15 @@ class _RingVarlen(torch.autograd.Function):
         out, lse = ring_varlen_forward(q, k, v, local_cu, layout, causal, scale, group, backend)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.args = (local_cu, layout, causal, scale, group, backend, deterministic)
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # lse's gradient None where the loss does not use it
         return out.to(q.dtype), lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = ring_varlen_backward(dout, q, k, v, out, lse, *ctx.args)
+        if dout is None:  # a loss through lse alone
+            dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        dq, dk, dv = ring_varlen_backward(dout, q, k, v, out, lse, *ctx.args, dlse)
         return dq, dk, dv, *([None] * 7)
 
 
