@@ -29,3 +29,33 @@ def pad_input(hidden_states: torch.Tensor, indices: torch.Tensor, batch: int, se
     out = hidden_states.new_zeros(batch * seqlen, *hidden_states.shape[1:])
     out[indices] = hidden_states
     return out.reshape(batch, seqlen, *hidden_states.shape[1:])
+
+
+def index_first_axis(input: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """input (first, ...) -> input[indices] (len(indices), ...), differentiable (flash-attn's name; its gradient
+    scatters back into zeros of input's shape, which plain indexing's does too)."""
+    return input[indices]
+
+
+def index_put_first_axis(values: torch.Tensor, indices: torch.Tensor, first_axis_dim: int) -> torch.Tensor:
+    """values (len(indices), ...) -> (first_axis_dim, ...) zeros with values at rows indices, differentiable."""
+    out = values.new_zeros(first_axis_dim, *values.shape[1:])
+    out[indices] = values
+    return out
+
+
+def unpad_input_for_concatenated_sequences(hidden_states: torch.Tensor, attention_mask_in_length: torch.Tensor):
+    """Packed rows of several sequences each, flash-attn's form: attention_mask_in_length (batch, seqlen) int holds,
+    per row, the lengths of the sequences concatenated in it from position 0, then zeros (e.g. [2, 3, 0, 0, 0]: a
+    sequence of 2 then one of 3). Returns (hidden_states (total, ...), indices (total,) into the flattened rows,
+    cu_seqlens (sequences + 1,) int32, max_seqlen_in_batch int) for the varlen functions: every sequence its own."""
+    lengths = attention_mask_in_length.flatten()
+    seqlens = lengths[lengths > 0].to(torch.int32)  # the sequences, in row order
+    row_tokens = attention_mask_in_length.sum(dim=-1)  # each row's tokens: its first row_tokens positions
+    positions = torch.arange(attention_mask_in_length.shape[-1], device=row_tokens.device)
+    kept = positions.unsqueeze(0) < row_tokens.unsqueeze(1)
+    indices = torch.nonzero(kept.flatten(), as_tuple=False).flatten()
+    max_seqlen_in_batch = int(seqlens.max().item()) if seqlens.numel() else 0
+    cu_seqlens = F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    flat = hidden_states.reshape(-1, *hidden_states.shape[2:])
+    return flat[indices], indices, cu_seqlens, max_seqlen_in_batch

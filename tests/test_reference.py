@@ -107,3 +107,27 @@ def test_unpad_pad_roundtrip():
     assert cu.dtype == torch.int32 and used.dtype == torch.int32
     back = flash_attn2.pad_input(x_unpad, indices, 3, 5)
     torch.testing.assert_close(back, x * mask[..., None, None])
+
+
+def test_bert_padding_helpers_of_flash_attn():
+    """flash-attn's other bert_padding helpers (transformers 4.x imports index_first_axis): gather and scatter on the
+    first axis with their gradients, and the concatenated-sequences unpadding against its definition."""
+    from flash_attn2.bert_padding import index_first_axis, index_put_first_axis, unpad_input_for_concatenated_sequences
+    x = torch.randn(7, 3, 2, requires_grad=True)
+    idx = torch.tensor([5, 0, 3])
+    got = index_first_axis(x, idx)
+    assert torch.equal(got, x.detach()[idx])
+    (g,) = torch.autograd.grad(got, x, torch.ones_like(got))
+    assert torch.equal(g.sum((1, 2)), torch.tensor([6.0, 0, 0, 6, 0, 6, 0]))
+    v = torch.randn(3, 3, 2, requires_grad=True)
+    put = index_put_first_axis(v, idx, 7)
+    assert put.shape == (7, 3, 2) and torch.equal(put[idx], v.detach()) and torch.equal(put[[1, 2, 4, 6]],
+                                                                                       torch.zeros(4, 3, 2))
+    (gv,) = torch.autograd.grad(put, v, torch.ones_like(put))
+    assert torch.equal(gv, torch.ones_like(v))
+    # two rows: [a sequence of 2, one of 3] and [one of 4]; row length 6
+    h = torch.randn(2, 6, 5)
+    lengths = torch.tensor([[2, 3, 0, 0, 0, 0], [4, 0, 0, 0, 0, 0]])
+    packed, indices, cu, max_s = unpad_input_for_concatenated_sequences(h, lengths)
+    assert indices.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9] and cu.tolist() == [0, 2, 5, 9] and max_s == 4
+    assert cu.dtype == torch.int32 and torch.equal(packed, h.reshape(12, 5)[indices])
