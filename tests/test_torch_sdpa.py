@@ -56,6 +56,9 @@ def test_support_errors():
         assert "float16 / bfloat16" in torch_sdpa.support_error(qc.float(), (qc.float(),))
         assert "seqused_k" in torch_sdpa.support_error(qc, (qc,), seqused_k=torch.zeros(1))
         assert "return_debug_mask" in torch_sdpa.support_error(qc, (qc,), return_debug_mask=True)
+        for scale in (0.0, -0.5, float("nan"), float("inf")):  # legal in SDPA: PyTorch's kernels serve them
+            assert "scale" in torch_sdpa.support_error(qc, (qc,), scale=scale)
+        assert torch_sdpa.support_error(qc, (qc,), scale=0.125) is None
 
 
 def test_arguments_the_backward_loses_are_refused_under_grad():

@@ -75,10 +75,13 @@ def _bucket(head_dim: int, dtype: torch.dtype) -> int:
     return bucket
 
 
-def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_debug_mask=False) -> str | None:
+def support_error(q: torch.Tensor, tensors, dtype=None, seqused_k=None, return_debug_mask=False,
+                  scale=None) -> str | None:
     """Why flash_attn2 cannot serve a call, or None. q's last dim is the head dim in every layout."""
     if not all(t.is_cuda for t in tensors):
         return "inputs not on a CUDA device"
+    if scale is not None and not (0.0 < float(scale) < math.inf):  # SDPA takes any scale; our kernels a positive one
+        return f"scale {scale} (flash_attn2's kernels take a positive finite softmax scale)"
     if q.dtype not in (torch.float16, torch.bfloat16) or any(t.dtype != q.dtype for t in tensors):
         return f"dtype {q.dtype}: flash_attn2 takes float16 / bfloat16"
     if seqused_k is not None:
@@ -145,7 +148,8 @@ def _register() -> _Handle:
                       seqused_k=None, alibi_slopes=None):
         _check_debug_mask(return_debug_mask, dropout_p)
         _check_no_lost_arguments(seqused_k, alibi_slopes, (query, key, value))
-        why = support_error(query, (query, key, value), seqused_k=seqused_k, return_debug_mask=return_debug_mask)
+        why = support_error(query, (query, key, value), seqused_k=seqused_k, return_debug_mask=return_debug_mask,
+                            scale=scale)
         if why is not None:
             _log_fallback("_flash_attention_forward", why)
             return original["_flash_attention_forward"].call_boxed(
@@ -162,7 +166,7 @@ def _register() -> _Handle:
     def flash_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                        dropout_p, is_causal, rng_state, unused, *, scale=None, window_size_left=None,
                        window_size_right=None):
-        why = support_error(query, (grad_out, query, key, value, out))
+        why = support_error(query, (grad_out, query, key, value, out), scale=scale)
         if why is not None:
             _log_fallback("_flash_attention_backward", why)
             return original["_flash_attention_backward"].call_boxed(
@@ -178,7 +182,7 @@ def _register() -> _Handle:
     def sdpa_forward(keyset, query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
                      scale=None):
         _check_debug_mask(return_debug_mask, dropout_p)
-        why = support_error(query, (query, key, value), return_debug_mask=return_debug_mask)
+        why = support_error(query, (query, key, value), return_debug_mask=return_debug_mask, scale=scale)
         if why is not None:
             _log_fallback("_scaled_dot_product_flash_attention", why)
             return original["_scaled_dot_product_flash_attention"].call_boxed(
@@ -191,7 +195,7 @@ def _register() -> _Handle:
 
     def sdpa_backward(keyset, grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k,
                       dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
-        why = support_error(query, (grad_out, query, key, value, out))
+        why = support_error(query, (grad_out, query, key, value, out), scale=scale)
         if why is not None:
             _log_fallback("_scaled_dot_product_flash_attention_backward", why)
             return original["_scaled_dot_product_flash_attention_backward"].call_boxed(
