@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..flash_attn_interface import _softmax_scale
-from .ring import refuse_unsupported, refuse_with_peers
+from .ring import refuse_unsupported, refuse_with_peers, require_process_group
 
 
 def llama3_flash_attn_prepare_cu_seqlens(cu_seqlens: torch.Tensor, causal: bool, rank: int, world_size: int):
@@ -184,9 +184,7 @@ def llama3_flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqle
         if heads_k_stride < 1 or k.shape[1] % heads_k_stride:
             raise ValueError(f"flash_attn2.distributed: heads_k_stride ({heads_k_stride}) must divide k's heads "
                              f"({k.shape[1]})")
-        if not dist.is_initialized():
-            raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
-                             "first)")
+        require_process_group()
         scale = _softmax_scale(softmax_scale, q.shape[-1])  # flash_attn_func's check (positive, finite)
     except (ValueError, NotImplementedError) as error:
         refuse_with_peers(group, error)

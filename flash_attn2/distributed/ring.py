@@ -373,6 +373,13 @@ def refuse_with_peers(group, error: Exception):
     raise error
 
 
+def require_process_group() -> None:
+    """A ValueError unless torch.distributed is initialized (every form's check; without a group there is no peer to
+    tell, so refuse_with_peers just raises it)."""
+    if not dist.is_initialized():
+        raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group first)")
+
+
 def refuse_unsupported(where: str, q, v, dropout_p) -> None:
     """What no form of flash_attn2.distributed takes yet (`where`: the form), as NotImplementedError naming it."""
     if dropout_p:
@@ -392,9 +399,7 @@ def _ring_func(layout, q, k, v, dropout_p, softmax_scale, causal, window_size, a
             raise NotImplementedError("flash_attn2.distributed: alibi_slopes on the ring is not supported")
         if softcap:
             raise NotImplementedError("flash_attn2.distributed: softcap on the ring is not supported yet")
-        if not dist.is_initialized():
-            raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
-                             "first)")
+        require_process_group()
         world = dist.get_world_size(group)
         check_layout(layout, q.shape[1] * world, world)  # the layout's divisibility, before any transfer
         scale = _softmax_scale(softmax_scale, q.shape[-1])  # flash_attn_func's check (positive, finite)

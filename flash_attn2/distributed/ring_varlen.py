@@ -15,7 +15,8 @@ from ..flash_attn_interface import _softmax_scale
 from ._merge import merge_partial
 from ._schedule import CAUSAL, ring_tasks
 from .llama3 import KernelVarlenBackend
-from .ring import KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree, refuse_unsupported, refuse_with_peers
+from .ring import (KVRing, RingComm, _pack, _unpack, _wait, check_ranks_agree, refuse_unsupported, refuse_with_peers,
+                   require_process_group)
 
 _CHUNKS = {"contiguous": 1, "zigzag": 2}
 
@@ -131,9 +132,7 @@ def _varlen_func(layout, q, k, v, cu_seqlens, max_seqlen, dropout_p, softmax_sca
             raise ValueError(f"flash_attn2.distributed: cu_seqlens must be this rank's (the global ones / world) and "
                              f"end at q's rows ({q.shape[0]}), each document's local length divisible by {chunks}; "
                              f"got {local_cu}")
-        if not dist.is_initialized():
-            raise ValueError("flash_attn2.distributed: torch.distributed is not initialized (init_process_group "
-                             "first)")
+        require_process_group()
         scale = _softmax_scale(softmax_scale, q.shape[-1])  # flash_attn_func's check (positive, finite)
     except (ValueError, NotImplementedError) as error:
         refuse_with_peers(group, error)
