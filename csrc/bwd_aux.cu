@@ -1,7 +1,7 @@
-// The backward's preprocess, D = rowsum(dO o O) (less dLSE where the loss uses the LSE) in fp32 and LSE in log2 next to it (in one (heads, total_q)
-// layout for every batch mode), which also zero-fills the dQ accumulator (and the Hopper backward's tile
-// counter) and, for varlen, the gradient rows
-// outside every sequence, or with no query or no key rows all gradients (one launch instead of memsets);
+// The backward's preprocess, D = rowsum(dO o O) (less dLSE where the loss uses the LSE) in fp32 and LSE in log2
+// next to it (in one (heads, total_q) layout for every batch mode), which also zero-fills the dQ accumulator (and
+// the Hopper backward's tile counter) and, for varlen, the gradient rows outside every sequence, or with no query
+// or no key rows all gradients (one launch instead of memsets);
 // and after the main kernels, the conversions from fp32 accumulators: the Hopper dQ, and dK and dV after a
 // backward with head splits; and the attention sinks' gradient.
 // Memory-bound plain CUDA with the head dim a runtime value, so one small file serves every head dim and

@@ -502,14 +502,10 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
       Tensor& ds = const_cast<Tensor&>(*dsink);
       if (dlse.has_value() && q.numel() > 0) {
         // lse is the sink on the rows the sequences cover (-inf elsewhere: fill_empty_lse), so dL/dsink_h sums
-        // dlse over the rows whose lse is the sink: exp(sink_h - lse) is 1 there, 0 on the uncovered rows.
-        const bool varlen = cu_seqlens_q.has_value();
-        const int64_t head_dim_at = varlen ? 0 : 1;  // lse (nheads, total_q) or (batch, nheads, seqlen_q)
-        const Tensor covered = lse.ne(-std::numeric_limits<float>::infinity());
-        Tensor per_row = dlse->to(at::kFloat) * covered;
-        std::vector<int64_t> dims;
-        for (int64_t d = 0; d < lse.dim(); ++d) if (d != head_dim_at) dims.push_back(d);
-        ds.copy_(per_row.sum(dims));
+        // dlse over the rows whose lse is the sink: exp(sink_h - lse) is 1 there, 0 on the uncovered rows. lse is
+        // (nheads, total_q) for varlen, else (batch, nheads, seqlen_q).
+        const Tensor per_row = dlse->to(at::kFloat) * lse.ne(-std::numeric_limits<float>::infinity());
+        ds.copy_(per_row.sum(cu_seqlens_q.has_value() ? at::IntArrayRef{1} : at::IntArrayRef{0, 2}));
       } else {
         ds.zero_();
       }
@@ -535,7 +531,7 @@ void bwd_out(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor&
   const c10::cuda::CUDAGuard guard(q.device());
   Tensor dlse32;  // fp32 in lse's (contiguous) layout, alive until run_bwd has queued the preprocess that reads it
   if (dlse.has_value()) {
-    dlse32 = dlse->scalar_type() == at::kFloat && dlse->is_contiguous() ? *dlse : dlse->to(at::kFloat).contiguous();
+    dlse32 = dlse->to(at::kFloat).contiguous();  // dlse itself where it already is
     p.dlse = dlse32.data_ptr<float>();
   }
 

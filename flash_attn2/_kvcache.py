@@ -315,15 +315,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              cache_leftpad, block_table, None, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
                              window_size, softcap, rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse,
                              learnable_sink)
-    inputs = [t for t in (q, k_cache, v_cache, k, v, learnable_sink) if isinstance(t, torch.Tensor)]
-    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
-        return call()  # (no grad context around the op: an exported graph keeps it at the top level)
-    from .flash_attn_interface import _NoBackward
-    with torch.no_grad():  # forward only: the output gets a node that raises on backward
-        result = call()
-    if not return_softmax_lse:
-        return _NoBackward.apply(result, "flash_attn_with_kvcache", *inputs)
-    return tuple(_NoBackward.apply(t, "flash_attn_with_kvcache", *inputs) for t in result)  # out and lse
+    from .flash_attn_interface import _forward_only
+    return _forward_only(call, "flash_attn_with_kvcache", q, k_cache, v_cache, k, v, learnable_sink)
 
 
 def _kvcache_call(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,

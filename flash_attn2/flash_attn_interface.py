@@ -8,7 +8,6 @@ checks the tensors (flash_attn2/_checks.py) and whose autograd formula calls tor
 
 from __future__ import annotations
 
-import contextlib
 import math
 import operator
 import os
@@ -337,23 +336,18 @@ def _paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                             out.device != q.device):
         raise ValueError(f"flash_attn2: out must be a tensor of q's shape {tuple(q.shape)}, dtype {q.dtype} and "
                          f"device {q.device}")
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                                 for t in (q, k_cache, v_cache, learnable_sink))
-    # (grad mode off only where a backward could be asked for: an exported graph keeps the op at the top level)
-    with torch.no_grad() if needs_grad else contextlib.nullcontext():
+
+    def call():
         try:
             result, lse = _kvcache_call(q, k_cache, v_cache, None, None, None, None, seqused_k, None, None,
                                         block_table, cu_seqlens_k, cu_seqlens_q, max_seqlen_q, softmax_scale, causal,
                                         window_size, softcap, True, alibi_slopes, num_splits, True, learnable_sink)
         except (TypeError, ValueError, NotImplementedError) as error:
             raise _in_callers_names(error) from error
-        if out is not None:
-            out.copy_(result)
-            result = out
-    if needs_grad:  # flash-attn's own tests call it with q requiring grad: the forward runs, a backward raises
-        inputs = [t for t in (q, k_cache, v_cache, learnable_sink) if isinstance(t, torch.Tensor)]
-        result = _NoBackward.apply(result, "the paged forward (block_table)", *inputs)
-        lse = _NoBackward.apply(lse, "the paged forward (block_table)", *inputs)
+        return (out.copy_(result) if out is not None else result), lse
+
+    # flash-attn's own tests call it with q requiring grad: the forward runs, a backward raises
+    result, lse = _forward_only(call, "the paged forward (block_table)", q, k_cache, v_cache, learnable_sink)
     return (result, lse, None) if return_attn_probs else result
 
 
@@ -366,6 +360,21 @@ def _in_callers_names(error):
                          ("flash_attn_with_kvcache", "flash_attn_varlen_func with block_table")):
         message = re.sub(rf"\b{ours}\b", theirs, message)
     return type(error)(message)
+
+
+def _forward_only(call, what, *inputs):
+    """call()'s result (a tensor or a tuple of them) from a call with no backward kernel. Where a gradient can be
+    asked for (grad mode, an input requiring grad) it runs without grad and each tensor gets a node whose backward
+    raises NotImplementedError naming `what`, instead of its inputs silently getting no gradient; elsewhere as it is
+    (no grad context around the op, so that an exported graph keeps the op at the top level)."""
+    inputs = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if not (torch.is_grad_enabled() and any(t.requires_grad for t in inputs)):
+        return call()
+    with torch.no_grad():
+        result = call()
+    if isinstance(result, torch.Tensor):
+        return _NoBackward.apply(result, what, *inputs)
+    return tuple(_NoBackward.apply(t, what, *inputs) for t in result)
 
 
 class _NoBackward(torch.autograd.Function):

@@ -149,9 +149,9 @@ class _Llama3Attention(torch.autograd.Function):
             hs, qs = slice(h, h + heads_k_stride), slice(h * group_q, (h + heads_k_stride) * group_q)
             kf = _gather(k[:, hs], group, world)
             vf = _gather(v[:, hs], group, world)
-            extra = () if dlse is None else (dlse[qs],)  # lse's gradient: each piece's D less its rows' dlse
             g = backend.backward(dout[:, qs], q[:, qs], kf[local_k_slice], vf[local_k_slice], out[:, qs],
-                                 lse[qs], cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic, *extra)
+                                 lse[qs], cu_q, cu_k, max_q, max_k, causal, scale, window, deterministic,
+                                 None if dlse is None else dlse[qs])  # lse's gradient: each piece's D less its dlse
             dq[:, qs] = g[0]
             dkf = torch.zeros(kf.shape, dtype=acc, device=k.device)
             dvf = torch.zeros(vf.shape, dtype=acc, device=v.device)

@@ -264,9 +264,8 @@ def ring_backward(dout, q, k, v, out, lse, layout, causal, scale, group, backend
         for task in ring_tasks(layout, seqlen, comm.world, comm.rank, step, causal):
             qb, kb, vb, block_causal, row0, keys = _block(task, q, k_cur, v_cur)
             rows = slice(row0, task.q[1])
-            extra = () if dlse is None else (dlse[:, :, rows],)  # (a block backend's dlse argument: optional)
             bdq, bdk, bdv = backend.backward(dout[:, rows], qb, kb, vb, out[:, rows], lse[:, :, rows], block_causal,
-                                             scale, deterministic, *extra)
+                                             scale, deterministic, None if dlse is None else dlse[:, :, rows])
             if dq is None and _writes_every_row(task, q.shape[1]):
                 dq = bdq.to(acc)  # the block's own output (fresh): on 2 ranks taken as it is, added to in place
             else:

@@ -78,9 +78,9 @@ def ring_varlen_backward(dout, q, k, v, out, lse, local_cu, layout, causal, scal
             ki, cu_k, max_k = _select(local_cu, chunks, *task.k, q.device)
             if qi.numel() == 0 or ki.numel() == 0:
                 continue
-            extra = () if dlse is None else (dlse[:, qi],)
             g = backend.backward(dout[qi], q[qi], k_cur[ki], v_cur[ki], out[qi].to(q.dtype), lse[:, qi], cu_q, cu_k,
-                                 max_q, max_k, task.mask == CAUSAL, scale, (-1, -1), deterministic, *extra)
+                                 max_q, max_k, task.mask == CAUSAL, scale, (-1, -1), deterministic,
+                                 None if dlse is None else dlse[:, qi])
             dq[qi] += g[0].to(acc)
             dk[ki] += g[1].to(acc)
             dv[ki] += g[2].to(acc)
