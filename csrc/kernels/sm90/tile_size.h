@@ -42,11 +42,27 @@ template <int kHeadDim, Kind kKind, bool kShortCausal = false>
 using FwdTileForSm90 = TileSm90<fwd_tile_sm90(kHeadDim, kKind, kShortCausal).block_m,
                                 fwd_tile_sm90(kHeadDim, kKind, kShortCausal).block_n>;
 
-// A paged KV cache's rows reach the forward in TMA boxes of this many rows and one shared-memory swizzle atom's
-// columns, each box through its own page-table entry: page sizes that are multiples of it never split a box
-// across pages (dispatch.cpp routes the others, SGLang's page 1 among them, to the split-KV kernel). 16: vLLM's
-// page size, and two 8-row swizzle atoms.
+// A paged KV cache's rows reach the forward in TMA boxes of one shared-memory swizzle atom's columns, each box
+// through its own page-table entry: page sizes that are multiples of kPagedRowsSm90 never split a box across
+// pages (dispatch.cpp routes the others, SGLang's page 1 among them, to the split-KV kernel). 16: vLLM's page
+// size, and two 8-row swizzle atoms.
 constexpr int kPagedRowsSm90 = 16;
+
+// The rows of those boxes for a page size: the most, up to a whole key block, that divide both the page and the
+// block (so that no box crosses a page). Pages of 16 take 16-row boxes (8 a block at d 128, each a 2 KB TMA
+// request per swizzle atom); pages of 64 take 64, pages of 128 and up a block's rows in one box per atom, as a
+// contiguous cache's TMA copies them (FA3 takes TMA for pages that are a multiple of its block, cp.async
+// otherwise). A multiple of kPagedRowsSm90 for a page size that is one.
+constexpr int paged_box_rows_sm90(int page_size, int block_n) {
+  for (int rows = block_n; rows > kPagedRowsSm90; rows -= kPagedRowsSm90) {
+    if (block_n % rows == 0 && page_size % rows == 0) return rows;
+  }
+  return kPagedRowsSm90;
+}
+static_assert(paged_box_rows_sm90(16, 128) == 16 && paged_box_rows_sm90(48, 128) == 16 &&
+              paged_box_rows_sm90(64, 128) == 64 && paged_box_rows_sm90(256, 128) == 128 &&
+              paged_box_rows_sm90(256, 96) == 32 && paged_box_rows_sm90(256, 80) == 16 &&
+              paged_box_rows_sm90(96, 96) == 96 && paged_box_rows_sm90(160, 80) == 80);
 
 // ---- Backward ----
 
