@@ -469,9 +469,9 @@ def test_prefill_against_cache(page, causal, dtype, head_dim):
     forward where it serves (a contiguous cache, pages of a multiple of 16 rows), the split kernel otherwise (page
     8); new rows appended in the call; every cache row past a sequence's length NaN and every table entry past its
     pages -1 (never read); out and LSE against the reference. The Hopper forward's boxes (sm90/tile_size.h:
-    paged_box_rows_sm90) of 16 (pages of 16, 48 at d <= 128), 32 (pages of 32; 64 and 256 at d 192's 96-key
-    blocks), 48 (pages of 48 at d 192), 64 and a whole 128-key block (pages of 256): boxes past a sequence's end in
-    a page that is in use, and whole boxes past it."""
+    paged_box_rows_sm90) of 16 (pages of 16 and 48), 32 (pages of 32; 64 and 256 at d 192's 96-key blocks), 64
+    (pages of 64) and a whole 128-key block (pages of 256): boxes past a sequence's end in a page that is in use,
+    and whole boxes past it."""
     require_kernel(head_dim, dtype)
     batch, heads, heads_k, seqlen_q, seqlen_new = 3, 8, 2, 97, 31
     capacity = 768 if page is None else (768 + page - 1) // page * page

@@ -47,18 +47,15 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
       nullptr,
       {},
       {},
-      0,
-      0,
   };
   if (p.page_table != nullptr) {
-    args.paged_box_rows = paged_box_rows_sm90(p.page_size, Traits::kBlockN);
-    args.paged_boxes = Traits::kBlockN / args.paged_box_rows;
+    const int box_rows = paged_box_rows_sm90(p.page_size, Traits::kBlockN, Traits::kHeadDim);  // fwd_produce_tile's
     if (!(sm90::make_paged_tma<typename Traits::Element, Traits::kAtomCols>(&args.paged_k, p.k, p, p.head_dim,
                                                                             p.k_row_stride, p.k_head_stride,
-                                                                            p.k_batch_stride, args.paged_box_rows) &&
+                                                                            p.k_batch_stride, box_rows) &&
           sm90::make_paged_tma<typename Traits::Element, Traits::kAtomColsV>(
               &args.paged_v, p.v, p, Traits::head_dim_v(p), p.v_row_stride, p.v_head_stride, p.v_batch_stride,
-              args.paged_box_rows))) {
+              box_rows))) {
       return cudaErrorInvalidValue;
     }
   }

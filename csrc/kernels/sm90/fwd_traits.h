@@ -173,10 +173,9 @@ struct FwdArgsSm90 {
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder<> causal_tiles;
   int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal, or non-causal by request); nullptr: static
-  // A paged cache's K and V (FwdParams::page_table): sm90::make_paged_tma's boxes of paged_box_rows rows
-  // (paged_box_rows_sm90), paged_boxes of them a key block; unused (zero) otherwise.
+  // A paged cache's K and V (FwdParams::page_table): sm90::make_paged_tma's boxes (paged_box_rows_sm90 rows,
+  // which the producer computes from the page size too); unused (zero) otherwise.
   CUtensorMap paged_k, paged_v;
-  int paged_box_rows, paged_boxes;
 };
 
 }  // namespace flash_attn2
