@@ -467,15 +467,18 @@ def hopper_serves(page):
 
 
 @gpu
-@pytest.mark.parametrize("page", [None, 16, 48, 256, 8])
+@pytest.mark.parametrize("page", [None, 16, 32, 48, 64, 256, 8])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 96])
+@pytest.mark.parametrize("head_dim", [64, 128, 96, 192])
 def test_prefill_against_cache(page, causal, dtype, head_dim):
     """Chunked prefill against a cache (seqlen_q x the GQA group past the split kernel's 64-row tile): the Hopper
-    forward where it serves (a contiguous cache, pages of a multiple of 16 rows: 16 / 48 / 256 boxes and whole
-    blocks), the split kernel otherwise (page 8); new rows appended in the call; every cache row past a sequence's
-    length NaN and every table entry past its pages -1 (never read); out and LSE against the reference."""
+    forward where it serves (a contiguous cache, pages of a multiple of 16 rows), the split kernel otherwise (page
+    8); new rows appended in the call; every cache row past a sequence's length NaN and every table entry past its
+    pages -1 (never read); out and LSE against the reference. The Hopper forward's boxes (sm90/tile_size.h:
+    paged_box_rows_sm90) of 16 (pages of 16 and 48), 32 (pages of 32; 64 and 256 at d 192's 96-key blocks), 64
+    (pages of 64) and a whole 128-key block (pages of 256): boxes past a sequence's end in a page that is in use,
+    and whole boxes past it."""
     require_kernel(head_dim, dtype)
     batch, heads, heads_k, seqlen_q, seqlen_new = 3, 8, 2, 97, 31
     capacity = 768 if page is None else (768 + page - 1) // page * page

@@ -65,7 +65,8 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
                                 block_table=table, causal=True, num_splits=splits,
                                 learnable_sink=torch.randn(8, device="cuda"))
     # Tall query tiles (80 rows per head > 64, dispatch.cpp: hopper_serves_kv_cache): the Hopper forward on sm_90,
-    # with the same hostile lengths, batch indices, left pads and (pages of 16 and 48) tables; the split kernel
+    # with the same hostile lengths, batch indices, left pads and (pages of 16, 48, 64 and 128: boxes of 16, 64 and
+    # a whole block, sm90/tile_size.h) tables; the split kernel
     # elsewhere. (40 rows a head, as here before, ran the split kernel everywhere: a helper's review found it.)
     q_tall = torch.randn(4, 80, 8, d, **bf16)
     k_new, v_new = torch.randn(4, 5, 2, d, **bf16), torch.randn(4, 5, 2, d, **bf16)
@@ -74,7 +75,7 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
         for causal, window, softcap in ((False, (-1, -1), 0.0), (True, (-1, -1), 0.0), (False, (5, 3), 30.0)):
             flash_attn_with_kvcache(q_tall, k_cache, v_cache, k_new, v_new, None, None, seqlens, idx, leftpad,
                                     causal=causal, window_size=window, softcap=softcap)
-    for page in (16, 48):
+    for page in (16, 48, 64, 128):
         k_pages, v_pages = torch.randn(9, page, 2, d, **bf16), torch.randn(9, page, 2, d, **bf16)
         table = torch.tensor([[3, -1, -1], [10**6, -5, 8], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
         flash_attn_with_kvcache(q_tall, k_pages, v_pages, k_new, v_new, cache_seqlens=ints(3, 20, 2**31 - 1, -4),

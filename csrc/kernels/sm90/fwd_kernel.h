@@ -9,8 +9,8 @@
 // persistent grid walks the tiles (fixed length), the producer handing each to the consumers
 // (sm90/scheduler.h: causal tiles go to blocks as they free up). Block ranges, masks, softmax,
 // sequence lengths and the slot-to-tile maps are the SM80 kernel's. It also serves KV-cache calls with tall query
-// tiles (dispatch.cpp): a contiguous cache's rows by TMA as any K / V, a paged one's in 16-row boxes through
-// the page table.
+// tiles (dispatch.cpp): a contiguous cache's rows by TMA as any K / V, a paged one's in boxes of 16 rows up to
+// a key block (the page size's divisor) through the page table.
 #pragma once
 
 // First: it enables CuTe's extended wgmma shapes, which must precede every CuTe include.

@@ -48,14 +48,16 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
       {},
       {},
   };
-  if (p.page_table != nullptr &&
-      !(sm90::make_paged_tma<typename Traits::Element, Traits::kAtomCols>(&args.paged_k, p.k, p, p.head_dim,
-                                                                          p.k_row_stride, p.k_head_stride,
-                                                                          p.k_batch_stride) &&
-        sm90::make_paged_tma<typename Traits::Element, Traits::kAtomColsV>(&args.paged_v, p.v, p, Traits::head_dim_v(p),
-                                                                           p.v_row_stride, p.v_head_stride,
-                                                                           p.v_batch_stride))) {
-    return cudaErrorInvalidValue;
+  if (p.page_table != nullptr) {
+    const int box_rows = paged_box_rows_sm90(p.page_size, Traits::kBlockN, Traits::kHeadDim);  // fwd_produce_tile's
+    if (!(sm90::make_paged_tma<typename Traits::Element, Traits::kAtomCols>(&args.paged_k, p.k, p, p.head_dim,
+                                                                            p.k_row_stride, p.k_head_stride,
+                                                                            p.k_batch_stride, box_rows) &&
+          sm90::make_paged_tma<typename Traits::Element, Traits::kAtomColsV>(
+              &args.paged_v, p.v, p, Traits::head_dim_v(p), p.v_row_stride, p.v_head_stride, p.v_batch_stride,
+              box_rows))) {
+      return cudaErrorInvalidValue;
+    }
   }
   if (sm90::tma_encode_failed) return cudaErrorInvalidValue;
   // Fixed length: a persistent grid, one block per SM (at most one fits) walking the slots

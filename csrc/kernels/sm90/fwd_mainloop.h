@@ -87,30 +87,35 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
       copy(tma.with(full[state.stage], 0, TMA::CacheHintSm90::EVICT_LAST), tXgX(_, n_block), tXsX(_, state.stage));
     }
   };
-  // A paged cache: block n_block's rows in boxes of kPagedRows rows by one column atom (fwd_traits.h), each box
-  // through its page-table entry (clamped to the pages; rows past the sequence read page 0 and are masked, their V
-  // rows zeroed: fwd_consume_tile), the lanes taking a box each. The leader's expect_tx comes first, so no box can
-  // complete the phase early. Compile-time shapes and plain offsets into the stage (fwd_traits.h asserts the
-  // layout): the producer has 24 registers.
-  constexpr int kBoxRows = kPagedRows, kBoxes = Traits::kBlockN / kBoxRows;
+  // A paged cache: block n_block's rows in boxes of box_rows rows (16 up to the block: the page size's power-of-two
+  // divisor, sm90/tile_size.h, as the launcher encoded the descriptors) by one column atom (fwd_traits.h), each box through its page-table entry (clamped
+  // to the pages; boxes past the sequence read page 0; rows past it are masked, their V rows zeroed:
+  // fwd_consume_tile), the lanes taking a box each. The leader's expect_tx comes first, so no box can complete the
+  // phase early. Plain offsets into the stage (fwd_traits.h asserts the layout): the producer has 24 registers.
+  // (Blocks that allow only 16-row boxes keep them compile-time; the others' counts are a shift: box_rows is a
+  // power of two.)
+  constexpr int kMaxBoxes = Traits::kBlockN / kPagedRows;  // 16-row boxes
+  constexpr bool kFixedBoxes = paged_max_box_rows_sm90(Traits::kBlockN, Traits::kHeadDim) == kPagedRows;
+  const int box_rows = kFixedBoxes ? kPagedRows : paged_box_rows_sm90(p.page_size, Traits::kBlockN, Traits::kHeadDim);
+  const int boxes = kFixedBoxes ? kMaxBoxes : Traits::kBlockN >> (__ffs(box_rows) - 1);
   auto load_paged = [&](const CUtensorMap* desc, typename Traits::Element* stage0, auto cols, auto atom_cols, uint64_t* full,
                         uint64_t* empty, int n_block, uint32_t bytes) {
     constexpr int kCols = decltype(cols)::value, kAtomCols = decltype(atom_cols)::value;
-    constexpr int kAtoms = kCols / kAtomCols, kTotal = kBoxes * kAtoms;
+    constexpr int kAtoms = kCols / kAtomCols, kMaxTotal = kMaxBoxes * kAtoms;
     barrier_wait(&empty[state.stage], state.phase ^ 1);
     if (leader) barrier_expect_tx(&full[state.stage], bytes);
     __syncwarp();
     typename Traits::Element* stage_base = stage0 + state.stage * (Traits::kBlockN * kCols);
     CUTE_UNROLL
-    for (int i = 0; i < (kTotal + 31) / 32; ++i) {
+    for (int i = 0; i < (kMaxTotal + 31) / 32; ++i) {
       const int box = int(threadIdx.x % 32) + 32 * i;
-      if (box < kTotal) {
+      if (box < boxes * kAtoms) {
         const int rows = box / kAtoms, atom = box % kAtoms;
-        const int row = n_block * Traits::kBlockN + rows * kBoxRows;  // logical key row
+        const int row = n_block * Traits::kBlockN + rows * box_rows;  // logical key row
         const PagedRow at = row < seq.len_k ? paged_row(p, p.page_table + bidb * p.page_table_batch_stride, row)
                                              : PagedRow{0, 0};
         SM90_TMA_LOAD_4D::copy(desc, &full[state.stage], uint64_t(TMA::CacheHintSm90::EVICT_LAST),
-                               stage_base + atom * (Traits::kBlockN * kAtomCols) + rows * (kBoxRows * kAtomCols),
+                               stage_base + atom * (Traits::kBlockN * kAtomCols) + rows * (box_rows * kAtomCols),
                                atom * kAtomCols, at.row, bidh_k, at.page);
       }
     }

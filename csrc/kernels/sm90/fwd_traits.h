@@ -110,9 +110,10 @@ struct FwdTraitsSm90 {
   // O leaves per warpgroup slab too: staged in shared memory, stored by TMA (fixed-length batches).
   using TmaO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemTensor{}, SmemLayoutOWarpgroup{},
                                             TileOWarpgroup{}, cute::_1{}));
-  // A paged cache's K / V arrive in boxes of sm90::kPagedRows rows by one swizzle atom's columns (fwd_mainloop.h:
-  // fwd_produce_tile). Each box's rows must be one contiguous, atom-aligned run of a stage's shared memory: the
-  // layouts stack the atoms along the rows first, then along the columns, then the stages.
+  // A paged cache's K / V arrive in boxes of 16 to kBlockN rows (paged_box_rows_sm90) by one swizzle atom's
+  // columns (fwd_mainloop.h: fwd_produce_tile). Each box's rows must be one contiguous, atom-aligned run of a
+  // stage's shared memory: the layouts stack the atoms along the rows first (a whole block's rows of one atom
+  // contiguous), then along the columns, then the stages.
   static constexpr int kAtomCols = cute::size<1>(SmemAtom{}), kAtomColsV = cute::size<1>(SmemAtomV{});
   static_assert(kBlockN % 16 == 0 && kHeadDim % kAtomCols == 0 && kHeadDimV % kAtomColsV == 0);
   // (On the layout without its swizzle: the swizzle permutes 16-byte chunks within each 8-row atom, as TMA's
@@ -120,11 +121,12 @@ struct FwdTraitsSm90 {
   template <class SwizzledLayout, int kCols, int kAtom>
   static constexpr bool boxes_contiguous() {
     constexpr auto layout = cute::get_nonswizzle_portion(SwizzledLayout{});
-    return layout(16, 0, 0) == 16 * kAtom && (kCols == kAtom || layout(0, kAtom, 0) == kBlockN * kAtom) &&
+    return layout(16, 0, 0) == 16 * kAtom && layout(kBlockN - 1, 0, 0) == (kBlockN - 1) * kAtom &&
+           (kCols == kAtom || layout(0, kAtom, 0) == kBlockN * kAtom) &&
            (kStages == 1 || layout(0, 0, 1) == kBlockN * kCols) && layout(1, 0, 0) == kAtom;
   }
-  static_assert(boxes_contiguous<SmemLayoutKV, kHeadDim, kAtomCols>(), "a paged box of K: 16 contiguous rows of one atom");
-  static_assert(boxes_contiguous<SmemLayoutV, kHeadDimV, kAtomColsV>(), "a paged box of V: 16 contiguous rows of one atom");
+  static_assert(boxes_contiguous<SmemLayoutKV, kHeadDim, kAtomCols>(), "a paged box of K: a block's rows of one atom, contiguous");
+  static_assert(boxes_contiguous<SmemLayoutV, kHeadDimV, kAtomColsV>(), "a paged box of V: a block's rows of one atom, contiguous");
   static constexpr uint32_t kQBytes = 64 * kHeadDim * sizeof(Element);  // one warpgroup's slab
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);  // a block of K
   static constexpr uint32_t kVBytes = kBlockN * kHeadDimV * sizeof(Element);
@@ -171,7 +173,8 @@ struct FwdArgsSm90 {
   bool causal_order;  // walk the slots in causal_tiles' order (a persistent grid, fixed-length causal)
   CausalTileOrder<> causal_tiles;
   int* tile_counter;  // zeroed: the blocks claim slots as they free up (causal, or non-causal by request); nullptr: static
-  // A paged cache's K and V (FwdParams::page_table): sm90::make_paged_tma's boxes; unused (zero) otherwise.
+  // A paged cache's K and V (FwdParams::page_table): sm90::make_paged_tma's boxes (paged_box_rows_sm90 rows,
+  // which the producer computes from the page size too); unused (zero) otherwise.
   CUtensorMap paged_k, paged_v;
 };
 

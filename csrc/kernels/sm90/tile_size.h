@@ -42,11 +42,34 @@ template <int kHeadDim, Kind kKind, bool kShortCausal = false>
 using FwdTileForSm90 = TileSm90<fwd_tile_sm90(kHeadDim, kKind, kShortCausal).block_m,
                                 fwd_tile_sm90(kHeadDim, kKind, kShortCausal).block_n>;
 
-// A paged KV cache's rows reach the forward in TMA boxes of this many rows and one shared-memory swizzle atom's
-// columns, each box through its own page-table entry: page sizes that are multiples of it never split a box
-// across pages (dispatch.cpp routes the others, SGLang's page 1 among them, to the split-KV kernel). 16: vLLM's
-// page size, and two 8-row swizzle atoms.
+// A paged KV cache's rows reach the forward in TMA boxes of one shared-memory swizzle atom's columns, each box
+// through its own page-table entry: page sizes that are multiples of kPagedRowsSm90 never split a box across
+// pages (dispatch.cpp routes the others, SGLang's page 1 among them, to the split-KV kernel). 16: vLLM's page
+// size, and two 8-row swizzle atoms.
 constexpr int kPagedRowsSm90 = 16;
+
+// The most rows a paged box may take in a kernel: the largest power of two that divides its key block (128 at
+// d <= 128, 32 at d 192's 96 keys), but 16 at 80 / 112 keys and at d above 192, whose kernels keep compile-time
+// 16-row boxes (d 256's short causal tile, 64 keys, spilled 12 B more with the rows computed). The launcher and
+// the producer both compute a call's rows from its page size (paged_box_rows_sm90).
+constexpr int paged_max_box_rows_sm90(int block_n, int head_dim) {
+  return head_dim > 192 ? kPagedRowsSm90 : block_n & -block_n;
+}
+// The rows of those boxes for a page size: the most, a power of two from 16 up to that, that divide the page (so
+// that no box crosses a page). Pages of 16 take 16-row boxes (8 a block at d 128, each a 2 KB TMA request per
+// swizzle atom); pages of 64 take 64; pages of 128 and up a block's rows in one box per atom at d <= 128, as a
+// contiguous cache's TMA copies them (FA3 takes TMA for pages that are a multiple of its block, cp.async
+// otherwise). kPagedRowsSm90 for a page size that is a multiple of it and of no larger power of two.
+constexpr int paged_box_rows_sm90(int page_size, int block_n, int head_dim) {
+  int rows = paged_max_box_rows_sm90(block_n, head_dim);
+  while (rows > kPagedRowsSm90 && (page_size & (rows - 1)) != 0) rows /= 2;  // rows: a power of two
+  return rows;
+}
+static_assert(paged_box_rows_sm90(16, 128, 128) == 16 && paged_box_rows_sm90(48, 128, 64) == 16 &&
+              paged_box_rows_sm90(32, 128, 128) == 32 && paged_box_rows_sm90(64, 128, 128) == 64 &&
+              paged_box_rows_sm90(256, 128, 128) == 128 && paged_box_rows_sm90(256, 96, 192) == 32 &&
+              paged_box_rows_sm90(48, 96, 192) == 16 && paged_box_rows_sm90(256, 80, 256) == 16 &&
+              paged_box_rows_sm90(256, 64, 256) == 16 && paged_box_rows_sm90(256, 112, 160) == 16);
 
 // ---- Backward ----
 

@@ -107,12 +107,13 @@ Tma make_tma(CopyOp op, const void* ptr, cute::Shape<int, int, int, int> shape, 
 // Rows per TMA box of a paged cache's loads (sm90/tile_size.h).
 constexpr int kPagedRows = kPagedRowsSm90;
 
-// A descriptor over a paged cache's (head_dim, page rows, heads_k, pages) in boxes of kPagedRows rows by
-// kAtomCols columns (one 128- or 64-byte swizzle atom's width, as the K / V shared-memory tiles are laid out).
-// False where the encoding fails (the launcher then returns an error instead of launching).
+// A descriptor over a paged cache's (head_dim, page rows, heads_k, pages) in boxes of box_rows rows
+// (paged_box_rows_sm90: a divisor of the page size) by kAtomCols columns (one 128- or 64-byte swizzle atom's width,
+// as the K / V shared-memory tiles are laid out). False where the encoding fails (the launcher then returns an
+// error instead of launching).
 template <class Element, int kAtomCols>
 bool make_paged_tma(CUtensorMap* map, const void* ptr, const FwdParams& p, int head_dim, int64_t row_stride,
-                    int64_t head_stride, int64_t page_stride) {
+                    int64_t head_stride, int64_t page_stride, int box_rows) {
   static_assert(sizeof(Element) == 2 && (kAtomCols * 2 == 128 || kAtomCols * 2 == 64), "16-bit, 128 / 64-byte atoms");
   const auto encode = tensor_map_encoder();
   if (encode == nullptr) return false;
@@ -123,7 +124,7 @@ bool make_paged_tma(CUtensorMap* map, const void* ptr, const FwdParams& p, int h
   cuuint64_t dims[4] = {cuuint64_t(head_dim), cuuint64_t(p.page_size), cuuint64_t(p.num_heads_k), cuuint64_t(p.num_pages)};
   cuuint64_t strides[3] = {cuuint64_t(row_stride * kBytes), cuuint64_t(heads_stride * kBytes),
                            cuuint64_t(pages_stride * kBytes)};
-  cuuint32_t box[4] = {cuuint32_t(kAtomCols), cuuint32_t(kPagedRows), 1, 1};
+  cuuint32_t box[4] = {cuuint32_t(kAtomCols), cuuint32_t(box_rows), 1, 1};
   cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type = std::is_same_v<Element, cutlass::bfloat16_t> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
