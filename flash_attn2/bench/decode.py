@@ -6,7 +6,7 @@
 
 flash_attn2's `flash_attn_with_kvcache` (heuristic splits, and num_splits=1) beside SDPA's cuDNN and flash backends
 (`enable_gqa=True`, the same caches as (batch, heads, ctx, d) views), each timed eagerly (launch and Python
-included) and as CUDA-graph replay (the kernels alone). The caches rotate over copies that together pass 256 MB, so
+included) and as CUDA-graph replay (the kernels alone), a cell's implementations in rounds with their order rotated. The caches rotate over copies that together pass 256 MB, so
 no call finds its cache in L2. Per cell: us per call, GB/s = bytes of K and V read / graph time, and % of the
 device-to-device copy bandwidth (read + write) measured in the same run. Cells whose caches pass --max-gb are
 skipped. --pages: cache layouts, 0 contiguous, else paged caches of that page size (pages in random order, the table
@@ -49,37 +49,50 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() / (statistics.median(times) * 1e-3) / 1e9
 
 
-def time_us(fn, copies: int, graph: bool, rounds: int = 7) -> float:
-    """Median us per call over rounds; a round calls fn(i) for every cache copy i, reps times."""
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up allocations outside the capture
-            for i in range(copies):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(side)
-        with torch.cuda.graph(g):
-            for i in range(copies):
-                fn(i)
-        run = g.replay
-    else:
+def runner(fn, copies: int, graph: bool):
+    """A callable that calls fn(i) for every cache copy i: eagerly, or as one CUDA graph's replay."""
+    if not graph:
         def run():
             for i in range(copies):
                 fn(i)
-    for _ in range(3):
-        run()
+        return run
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up allocations outside the capture
+        for i in range(copies):
+            fn(i)
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(g):
+        for i in range(copies):
+            fn(i)
+    return g.replay
+
+
+def time_runs(runs: dict, copies: int, rounds: int = 7) -> dict:
+    """{key: median us per call} of the runners, timed in rounds with their order rotated (a round calls each
+    runner reps times), so that a cell's implementations see the same clocks and caches."""
+    for run in runs.values():
+        for _ in range(3):
+            run()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     reps = max(3, 200 // copies)
-    times = []
-    for _ in range(rounds):
-        start.record()
-        for _ in range(reps):
-            run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps / copies)
-    return statistics.median(times)
+    keys = list(runs)
+    times = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            start.record()
+            for _ in range(reps):
+                runs[k]()
+            end.record()
+            end.synchronize()
+            times[k].append(start.elapsed_time(end) * 1e3 / reps / copies)
+    return {k: statistics.median(t) for k, t in times.items()}
+
+
+def time_us(fn, copies: int, graph: bool, rounds: int = 7) -> float:
+    """Median us per call of fn over rounds (time_runs of one runner)."""
+    return time_runs({0: runner(fn, copies, graph)}, copies, rounds)[0]
 
 
 def paged(k, v, page):
@@ -156,12 +169,17 @@ def time_cell(gpu, bw, impls, heads, heads_k, d, batch, ctx, page, q, seqlens, c
         made = [paged(k, v, page) for k, v in caches]
         caches, tables = [(k, v) for k, v, _ in made], [t for _, _, t in made]
     rows = []
+    runs = {}
     for name, fn in cell_impls(impls, q, caches, seqlens, tables).items():
         try:
-            eager, graph = time_us(fn, copies, False), time_us(fn, copies, True)
+            eager = runner(fn, copies, False)
+            eager()
+            runs[(name, True)], runs[(name, False)] = runner(fn, copies, True), eager
         except RuntimeError as e:  # e.g. a backend that does not take the shape
             log(f"# {name} h {heads}/{heads_k} b {batch} ctx {ctx} page {page}: {str(e).splitlines()[0][:120]}")
-            continue
+    timed = time_runs(runs, copies) if runs else {}
+    for name in dict.fromkeys(n for n, _ in runs):
+        eager, graph = timed[(name, False)], timed[(name, True)]
         gbps = kv_bytes / (graph * 1e-6) / 1e9
         row = dict(gpu=gpu, impl=name, heads=heads, heads_k=heads_k, hdim=d, page=page, batch=batch, ctx=ctx,
                    us_eager=round(eager, 2), us_graph=round(graph, 2), gbps=round(gbps),
