@@ -141,6 +141,41 @@ def test_decode_summary_against_cudnn():
     assert "no cell" in decode.summary(rows[:1])
 
 
+def test_decode_rounds_rotate_the_implementations(monkeypatch):
+    """bench.decode times a cell's runners in rounds with their order rotated (each starts a round in turn), and
+    reports each runner's median: CUDA events replaced by a clock that the runners advance."""
+    from flash_attn2.bench import decode
+    clock, order = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = 0.0
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    cost = {"a": 1e-3, "b": 2e-3, "c": 4e-3}  # ms a call
+
+    def runner(key):
+        def run():
+            order.append(key)
+            clock[0] += cost[key]
+        return run
+
+    timed = decode.time_runs({k: runner(k) for k in cost}, copies=100, rounds=3)
+    reps = 3  # max(3, 200 // copies); a runner's call stands for its 100 copies' calls
+    assert timed == pytest.approx({k: c * 1e3 / 100 for k, c in cost.items()})
+    firsts = [order[3 * 3 + r * 3 * reps] for r in range(3)]  # after the 3 warm-up calls of each runner
+    assert firsts == ["a", "b", "c"]
+
+
 def test_sdpa_flash_attn2_runs_inside_its_activation():
     from torch.nn.attention import _registry
     seen = []
