@@ -316,9 +316,10 @@ std::string fwd_params_problem(const FwdParams& p) {
 // 8:1 GQA) would leave its tiles nearly empty and read each kv head once per query head. Varlen (a serving batch:
 // a few chunks among many decode rows) also on the mean rows per sequence, total_q / batch: decode-heavy batches
 // stay on the split kernel, which packs them. A contiguous cache, or pages of a multiple of kPagedRowsSm90 rows
-// without leftpad_k (its TMA boxes, 16 rows or a larger power of two dividing the page, never straddle one); strides TMA takes; an sm_90 GPU whose build has
-// the Hopper forward for the head dim, unless FLASH_ATTN2_BACKEND=sm80. From the shapes, the build and the device
-// alone, so the workspace plan needs no device values.
+// without leftpad_k (its TMA boxes, 16 rows or a larger power of two dividing the page, never straddle one);
+// strides TMA takes; an sm_90 GPU whose build has the Hopper forward for the head dim, unless
+// FLASH_ATTN2_BACKEND=sm80. From the shapes, the build and the device alone, so the workspace plan needs no device
+// values.
 bool hopper_serves_kv_cache(const FwdParams& p) {
   if (p.seqlen_q <= kFwdSplitBlockM) return false;  // varlen: max_seqlen_q, the hint
   if (p.cu_seqlens_q != nullptr && p.total_q <= int64_t(kFwdSplitBlockM) * p.batch) return false;

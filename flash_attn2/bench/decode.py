@@ -6,8 +6,8 @@
 
 flash_attn2's `flash_attn_with_kvcache` (heuristic splits, and num_splits=1) beside SDPA's cuDNN and flash backends
 (`enable_gqa=True`, the same caches as (batch, heads, ctx, d) views), each timed eagerly (launch and Python
-included) and as CUDA-graph replay (the kernels alone), a cell's implementations in rounds with their order rotated. The caches rotate over copies that together pass 256 MB, so
-no call finds its cache in L2. Per cell: us per call, GB/s = bytes of K and V read / graph time, and % of the
+included) and as CUDA-graph replay (the kernels alone), a cell's implementations in rounds with their order
+rotated. The caches rotate over copies that together pass 256 MB, so no call finds its cache in L2. Per cell: us per call, GB/s = bytes of K and V read / graph time, and % of the
 device-to-device copy bandwidth (read + write) measured in the same run. Cells whose caches pass --max-gb are
 skipped. --pages: cache layouts, 0 contiguous, else paged caches of that page size (pages in random order, the table
 exactly the sequence's pages; SDPA has no paged form and runs on the contiguous layout only). Writes
@@ -171,12 +171,12 @@ def time_cell(gpu, bw, impls, heads, heads_k, d, batch, ctx, page, q, seqlens, c
     rows = []
     runs = {}
     for name, fn in cell_impls(impls, q, caches, seqlens, tables).items():
-        try:
-            eager = runner(fn, copies, False)
-            eager()
-            runs[(name, True)], runs[(name, False)] = runner(fn, copies, True), eager
-        except RuntimeError as e:  # e.g. a backend that does not take the shape
+        try:  # the graph's warm-up calls fn eagerly: a backend that does not take the shape raises there
+            runs[(name, True)] = runner(fn, copies, True)
+        except RuntimeError as e:
             log(f"# {name} h {heads}/{heads_k} b {batch} ctx {ctx} page {page}: {str(e).splitlines()[0][:120]}")
+            continue
+        runs[(name, False)] = runner(fn, copies, False)
     timed = time_runs(runs, copies) if runs else {}
     for name in dict.fromkeys(n for n, _ in runs):
         eager, graph = timed[(name, False)], timed[(name, True)]
