@@ -476,9 +476,16 @@ struct FwdSplitNarrowTraits : CommonTraits<kHeadDim, Element, 4> {
   // Q, then per warp kStages K chunks and kStages V chunks. The merge's fp32 partials (4 x 16 x D) and row
   // statistics reuse the K / V space once every warp is done.
   static constexpr int kKVBytes = int(sizeof(Element)) * 4 * 2 * kStages * kChunkSize;
-  static constexpr int kMergeBytes = 4 * kBlockM * kHeadDim * 4 + 2 * 4 * kBlockM * 4;
-  // The cluster combine's O (16, D) and LSE (16) of the block's split, past the merge's buffers.
+  // The partials' rows 8 floats apart beyond D where that fits: the MMA fragment's stores (8 rows x 4 column pairs a
+  // warp instruction) then reach 32 distinct banks a half-warp; at D floats apart all 8 rows hit the same 8 banks
+  // (6.5-way conflicts over the merge's 10.5k stores at batch-1 decode, ncu: TUNING 161).
+  static constexpr int kMergeStridePadded = kHeadDim + 8;
   static constexpr int kClusterBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  static constexpr bool kMergePadded =
+      4 * kBlockM * kMergeStridePadded * 4 + 2 * 4 * kBlockM * 4 + kClusterBytes <= int(sizeof(Element)) * 4 * 2 * kStages * kChunkSize;
+  static constexpr int kMergeStride = kMergePadded ? kMergeStridePadded : kHeadDim;
+  static constexpr int kMergeBytes = 4 * kBlockM * kMergeStride * 4 + 2 * 4 * kBlockM * 4;
+  // The cluster combine's O (16, D) and LSE (16) of the block's split, past the merge's buffers (kClusterBytes).
   static_assert(kMergeBytes + kClusterBytes <= kKVBytes, "the merge and the cluster combine reuse the K / V buffers");
   static constexpr int kSmemBytes = int(sizeof(Element)) * kQSize + kKVBytes;
 };
@@ -610,8 +617,9 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
 
   // Merge: warp w's unnormalized O_w, row max m_w (raw scores) and row sum l_w; with M the rows' max over
   // warps and f_w = exp2((m_w - M) scale log2e): O = sum_w f_w O_w / sum_w f_w l_w, LSE = M scale + log(sum).
+  constexpr int kMergeStride = Traits::kMergeStride;  // (floats between rows)
   float* merge_o = reinterpret_cast<float*>(kv_base - warp * 2 * kStages * int(Traits::kChunkSize));  // (4, 16, D)
-  float* merge_m = merge_o + kWarps * kBlockM * kHeadDim;  // (4, 16)
+  float* merge_m = merge_o + kWarps * kBlockM * kMergeStride;  // (4, 16)
   float* merge_l = merge_m + kWarps * kBlockM;              // (4, 16)
   {
     Tensor O = rowcol_view(acc_o);
@@ -625,7 +633,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
         merge_l[warp * kBlockM + row] = sum;
       }
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(O); ++c) merge_o[(warp * kBlockM + row) * kHeadDim + get<1>(tOcO(r, c))] = O(r, c);
+      for (int c = 0; c < size<1>(O); ++c) merge_o[(warp * kBlockM + row) * kMergeStride + get<1>(tOcO(r, c))] = O(r, c);
     }
   }
   __syncthreads();
@@ -646,7 +654,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
         const float m_w = merge_m[w * kBlockM + row];
         const float f = m_w == -INFINITY ? 0.f : fast_exp2((m_w - m) * softmax.scale_log2);
         sum += f * merge_l[w * kBlockM + row];
-        o += f * merge_o[(w * kBlockM + row) * kHeadDim + col];
+        o += f * merge_o[(w * kBlockM + row) * kMergeStride + col];
       }
     }
     o = sum == 0.f ? 0.f : o / sum;
