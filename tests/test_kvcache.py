@@ -363,11 +363,12 @@ def test_hostile_device_values():
 
 
 @gpu
-@pytest.mark.parametrize("page", [1, 16, 48])
+@pytest.mark.parametrize("page", [1, 16, 48, 24])
 @pytest.mark.parametrize("num_splits", [1, 0])
 def test_paged_table_padding_and_strides(page, num_splits):
     """A -1-padded table (entries past each sequence's pages are never read), appends through the table, and a
-    cache in vLLM's HND layout (a stride permutation of the same pages)."""
+    cache in vLLM's HND layout (a stride permutation of the same pages). Pages of 24: the split kernel's 16-row
+    chunks alternate between one page (one entry) and two (an entry a row)."""
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
     batch, heads, heads_k, d, max_pages = 3, 8, 2, 128, 12

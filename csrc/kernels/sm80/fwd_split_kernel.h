@@ -59,38 +59,40 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
 // paged blocks streaming at less than half a contiguous block's rate, TUNING 145). Rows past len_k read the entry of
 // row0 (the stage's first row, below len_k whenever a stage is loaded) and copy nothing, so a table's padding (-1)
 // is never dereferenced; entries are clamped to the pages (clamp_page).
-// A narrow-kernel chunk whose 16 rows lie on one page (pages of 16+ rows: a chunk is aligned to its rows unless
-// leftpad_k shifts it) reads one entry and steps its rows from that
-// page's first: paged batch-1 decode paid ~0.2 us a chunk over contiguous in the per-row lookups' address work
-// (shift, entry, clamp, two 64-bit products a row: TUNING 155 / 164), not in the entry's latency.
+// A narrow-kernel chunk whose 16 rows lie on one page (every chunk with pages of a multiple of 16 rows unless
+// leftpad_k shifts it; some chunks with other page sizes of 16+, chunk by chunk) reads one entry and steps its rows
+// from that page's first: paged batch-1 decode paid ~0.2 us a chunk over contiguous in the per-row lookups' address
+// work (shift, entry, clamp, two 64-bit products a row: TUNING 155 / 164), not in the entry's latency.
 template <int kTileRows, class Element, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& seq, const Element* k, const Element* v,
                                            DstK&& sk, DstV&& sv, Coord const& coord, int row0) {
   using namespace cute;
   constexpr int kRows = decltype(size<1>(sk))::value;
-  const PageSlot first = page_slot(p, seq.k_row0 + row0);
   // (The narrow kernel only: the 64-row kernel's extended cluster variant spilled 24 B with both paths.)
-  if (kTileRows <= 16 && first.row + kTileRows <= p.page_size) {
-    const int64_t page = clamp_page(p, seq.pages[first.column]);
-    const Element* k_page = k + page * p.k_batch_stride + int64_t(first.row) * p.k_row_stride;
-    const Element* v_page = v + page * p.v_batch_stride + int64_t(first.row) * p.v_row_stride;
-    CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      const int r = get<0>(coord(0, m, 0));  // the row in the stage, on the page past `first`
-      const bool row_ok = row0 + r < seq.len_k;
+  if constexpr (kTileRows <= 16) {
+    const PageSlot first = page_slot(p, seq.k_row0 + row0);
+    if (first.row + kTileRows <= p.page_size) {
+      const int64_t page = clamp_page(p, seq.pages[first.column]);
+      const Element* k_page = k + page * p.k_batch_stride + int64_t(first.row) * p.k_row_stride;
+      const Element* v_page = v + page * p.v_batch_stride + int64_t(first.row) * p.v_row_stride;
       CUTE_UNROLL
-      for (int c = 0; c < size<2>(sk); ++c) {
-        const int col = get<1>(coord(0, m, c));
-        const bool ok = row_ok && col < p.head_dim;
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-            *reinterpret_cast<const uint128_t*>(k_page + r * p.k_row_stride + col),
-            *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-            *reinterpret_cast<const uint128_t*>(v_page + r * p.v_row_stride + col),
-            *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+      for (int m = 0; m < kRows; ++m) {
+        const int r = get<0>(coord(0, m, 0));  // the row in the stage, on the page past `first`
+        const bool row_ok = row0 + r < seq.len_k;
+        CUTE_UNROLL
+        for (int c = 0; c < size<2>(sk); ++c) {
+          const int col = get<1>(coord(0, m, c));
+          const bool ok = row_ok && col < p.head_dim;
+          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+              *reinterpret_cast<const uint128_t*>(k_page + r * p.k_row_stride + col),
+              *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
+          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+              *reinterpret_cast<const uint128_t*>(v_page + r * p.v_row_stride + col),
+              *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+        }
       }
+      return;
     }
-    return;
   }
   int entry[kRows], on_page[kRows];
   CUTE_UNROLL
