@@ -637,7 +637,14 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
       mask_queries<kExtended>(S, tScS, query, window, n * kChunk);
     }
     Tensor O = rowcol_view(acc_o);
-    softmax.update(S, O);
+    // FA4's conditional rescale (OnlineSoftmax's kLazy): a warp's 16-key chunks rescale O (64 accumulators a
+    // thread) only when a row's max passes its reference by more than 2^8, which after a sequence's first chunks is
+    // rare; the decode kernel is instruction-bound (64 x 1k: 15.3M instructions against cuDNN's 11.0M at the same
+    // issue rate, TUNING 166), and the rescale was an eighth of a chunk's.
+    float correction[kRows];
+    if (__any_sync(0xffffffffu, softmax.template update_scores</*kLazy=*/true>(S, correction))) {
+      OnlineSoftmax<kRows>::rescale(O, correction);  // warp-uniform
+    }
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, 1, 1)
     warp_gemm_rs(mma, acc_o, tOrP, tOrVt, at_offset(tOsVt, offset), smem_copy_v, lane);
