@@ -171,6 +171,45 @@ def test_kvcache_every_head_dim(head_dim, dtype, num_splits):
                    seqlen_new_eq_seqlen_q=True, leftpad=False, batch_idx=False, num_splits=num_splits), batch=3)
 
 
+@gpu
+@pytest.mark.parametrize("profile", ["rising", "falling", "spike", "flat_high"])
+@pytest.mark.parametrize("num_splits", [1, 0])
+def test_decode_scores_that_move(profile, num_splits):
+    """Decode (GQA 8:1, the narrow split kernel) where the scores climb across the keys by far more than the
+    conditional rescale's 2^8 (every chunk moves the reference max and rescales O), fall (the first chunk holds
+    the max: no later rescale), spike once late, or sit near 60 over 64k keys (a warp's 1024 chunks keep their
+    reference: a correction of 1 +- an ulp taken into the row sum but not O drifted the LSE by ~4e-3, so the LSE is
+    held to 2e-4 there): out and LSE against the reference (2x rule), no NaN."""
+    require_kernel(128, torch.bfloat16)
+    dtype, batch, heads, heads_k, d = torch.bfloat16, 2, 8, 1, 128
+    seqlen = 65536 if profile == "flat_high" else 1500
+    q = torch.ones(batch, 1, heads, d, device="cuda", dtype=dtype)
+    k = randn(batch, seqlen, heads_k, d, dtype=dtype) * 0.05
+    # The score of key j is q . k_j / sqrt(d) with q all ones: adding c to k_j's entries adds c sqrt(d) to it.
+    ramp = torch.linspace(0, 1, seqlen, device="cuda")
+    if profile == "rising":
+        score = ramp * 60.0  # 60 natural units over the keys: ~87 in exp2's argument, the lazy threshold 8
+    elif profile == "falling":
+        score = (1 - ramp) * 60.0
+    elif profile == "spike":
+        score = torch.zeros(seqlen, device="cuda")
+        score[1234] = 40.0
+    else:
+        score = torch.full((seqlen,), 60.0, device="cuda")
+    k = (k.float() + (score / math.sqrt(d))[None, :, None, None]).to(dtype)
+    v = randn(batch, seqlen, heads_k, d, dtype=dtype)
+    seqlens = torch.full((batch,), seqlen, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, num_splits=num_splits, return_softmax_lse=True)
+    ref = kvcache_ref(q, k, v, cache_seqlens=seqlens)
+    ref_lowp = kvcache_ref(q, k, v, cache_seqlens=seqlens, upcast=False)
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ok, err, err_pt = within_tolerance(out, ref[0], ref_lowp[0])
+    assert ok, f"out error {err} vs PyTorch's {err_pt}"
+    # (LSEs near 60: fp32's rounding of them is ~4e-6)
+    lse_tol = 2e-4 if profile == "flat_high" else LSE_ATOL + 2e-5 * float(ref[1].abs().max())
+    assert max_error(lse, ref[1]) <= lse_tol, max_error(lse, ref[1])
+
+
 # ---- The split path through flash_attn_func (flash-attn's test_flash_attn_splitkv): forward and backward ----
 
 @gpu
@@ -363,11 +402,12 @@ def test_hostile_device_values():
 
 
 @gpu
-@pytest.mark.parametrize("page", [1, 16, 48])
+@pytest.mark.parametrize("page", [1, 16, 48, 24])
 @pytest.mark.parametrize("num_splits", [1, 0])
 def test_paged_table_padding_and_strides(page, num_splits):
     """A -1-padded table (entries past each sequence's pages are never read), appends through the table, and a
-    cache in vLLM's HND layout (a stride permutation of the same pages)."""
+    cache in vLLM's HND layout (a stride permutation of the same pages). Pages of 24: the split kernel's 16-row
+    chunks alternate between one page (one entry) and two (an entry a row)."""
     require_kernel(128, torch.bfloat16)
     dtype = torch.bfloat16
     batch, heads, heads_k, d, max_pages = 3, 8, 2, 128, 12

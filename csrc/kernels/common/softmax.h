@@ -94,8 +94,13 @@ struct OnlineSoftmax {
       if (kLazy && row_max[r] != -INFINITY && (m - row_max[r]) * scale_log2 <= kLazyLog2) m = row_max[r];
       moved |= m != row_max[r];
       // A row that has seen only masked keys keeps m = -inf; shifting by 0 instead keeps exp2 at 0, not NaN.
-      const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      correction[r] = fast_exp2(row_max[r] * scale_log2 - m_scaled);  // 0 on a row's first tile
+      const float m_scaled = m == -INFINITY ? 0.f : kLazy ? __fmul_rn(m, scale_log2) : m * scale_log2;
+      // 0 on a row's first tile. Lazy: exactly 1 where the reference stayed, both products rounded alike (fused
+      // into an FFMA, row_max * scale_log2 - m_scaled left the product's rounding: a factor 1 +- a few ulp that
+      // row_sum takes while O, unrescaled, does not; over a long decode's hundreds of chunks a drift of 1e-4 to 1e-3,
+      // which a helper's review found).
+      const float old_scaled = kLazy ? __fmul_rn(row_max[r], scale_log2) : row_max[r] * scale_log2;
+      correction[r] = fast_exp2(old_scaled - m_scaled);
       row_max[r] = m;
       const float offset = kShifted && m != -INFINITY ? fmaf(-shift[r], scale_log2, m_scaled) : m_scaled;
       float sum = 0.f;

@@ -59,11 +59,41 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
 // paged blocks streaming at less than half a contiguous block's rate, TUNING 145). Rows past len_k read the entry of
 // row0 (the stage's first row, below len_k whenever a stage is loaded) and copy nothing, so a table's padding (-1)
 // is never dereferenced; entries are clamped to the pages (clamp_page).
-template <class Element, class DstK, class DstV, class Coord>
+// A narrow-kernel chunk whose 16 rows lie on one page (every chunk with pages of a multiple of 16 rows unless
+// leftpad_k shifts it; some chunks with other page sizes of 16+, chunk by chunk) reads one entry and steps its rows
+// from that page's first: paged batch-1 decode paid ~0.2 us a chunk over contiguous in the per-row lookups' address
+// work (shift, entry, clamp, two 64-bit products a row: TUNING 155 / 164), not in the entry's latency.
+template <int kTileRows, class Element, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& seq, const Element* k, const Element* v,
                                            DstK&& sk, DstV&& sv, Coord const& coord, int row0) {
   using namespace cute;
   constexpr int kRows = decltype(size<1>(sk))::value;
+  // (The narrow kernel only: the 64-row kernel's extended cluster variant spilled 24 B with both paths.)
+  if constexpr (kTileRows <= 16) {
+    const PageSlot first = page_slot(p, seq.k_row0 + row0);
+    if (first.row + kTileRows <= p.page_size) {
+      const int64_t page = clamp_page(p, seq.pages[first.column]);
+      const Element* k_page = k + page * p.k_batch_stride + int64_t(first.row) * p.k_row_stride;
+      const Element* v_page = v + page * p.v_batch_stride + int64_t(first.row) * p.v_row_stride;
+      CUTE_UNROLL
+      for (int m = 0; m < kRows; ++m) {
+        const int r = get<0>(coord(0, m, 0));  // the row in the stage, on the page past `first`
+        const bool row_ok = row0 + r < seq.len_k;
+        CUTE_UNROLL
+        for (int c = 0; c < size<2>(sk); ++c) {
+          const int col = get<1>(coord(0, m, c));
+          const bool ok = row_ok && col < p.head_dim;
+          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+              *reinterpret_cast<const uint128_t*>(k_page + r * p.k_row_stride + col),
+              *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
+          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+              *reinterpret_cast<const uint128_t*>(v_page + r * p.v_row_stride + col),
+              *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+        }
+      }
+      return;
+    }
+  }
   int entry[kRows], on_page[kRows];
   CUTE_UNROLL
   for (int m = 0; m < kRows; ++m) {
@@ -128,7 +158,7 @@ __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq&
                                              int row0) {
   const int rows_left = seq.len_k - row0;
   if (seq.pages != nullptr) {
-    load_paged(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
+    load_paged<kRows>(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
                static_cast<const Element*>(p.v) + bidh_k * p.v_head_stride, sk, sv, coord, row0);
   } else if (rows_left < kRows) {
     load_tile<true>(copy, gk, sk, coord, rows_left, p.head_dim);
@@ -476,9 +506,16 @@ struct FwdSplitNarrowTraits : CommonTraits<kHeadDim, Element, 4> {
   // Q, then per warp kStages K chunks and kStages V chunks. The merge's fp32 partials (4 x 16 x D) and row
   // statistics reuse the K / V space once every warp is done.
   static constexpr int kKVBytes = int(sizeof(Element)) * 4 * 2 * kStages * kChunkSize;
-  static constexpr int kMergeBytes = 4 * kBlockM * kHeadDim * 4 + 2 * 4 * kBlockM * 4;
-  // The cluster combine's O (16, D) and LSE (16) of the block's split, past the merge's buffers.
+  // The partials' rows 8 floats apart beyond D where that fits: the MMA fragment's stores (8 rows x 4 column pairs a
+  // warp instruction) then reach 32 distinct banks a half-warp; at D floats apart all 8 rows hit the same 8 banks
+  // (6.5-way conflicts over the merge's 10.5k stores at batch-1 decode, ncu: TUNING 161).
+  static constexpr int kMergeStridePadded = kHeadDim + 8;
   static constexpr int kClusterBytes = kBlockM * kHeadDim * 4 + kBlockM * 4;
+  static constexpr bool kMergePadded =
+      4 * kBlockM * kMergeStridePadded * 4 + 2 * 4 * kBlockM * 4 + kClusterBytes <= int(sizeof(Element)) * 4 * 2 * kStages * kChunkSize;
+  static constexpr int kMergeStride = kMergePadded ? kMergeStridePadded : kHeadDim;
+  static constexpr int kMergeBytes = 4 * kBlockM * kMergeStride * 4 + 2 * 4 * kBlockM * 4;
+  // The cluster combine's O (16, D) and LSE (16) of the block's split, past the merge's buffers (kClusterBytes).
   static_assert(kMergeBytes + kClusterBytes <= kKVBytes, "the merge and the cluster combine reuse the K / V buffers");
   static constexpr int kSmemBytes = int(sizeof(Element)) * kQSize + kKVBytes;
 };
@@ -600,7 +637,14 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
       mask_queries<kExtended>(S, tScS, query, window, n * kChunk);
     }
     Tensor O = rowcol_view(acc_o);
-    softmax.update(S, O);
+    // FA4's conditional rescale (OnlineSoftmax's kLazy): a warp's 16-key chunks rescale O (64 accumulators a
+    // thread) only when a row's max passes its reference by more than 2^8, which after a sequence's first chunks is
+    // rare; the decode kernel is instruction-bound (64 x 1k: 15.3M instructions against cuDNN's 11.0M at the same
+    // issue rate, TUNING 166), and the rescale was an eighth of a chunk's.
+    float correction[kRows];
+    if (__any_sync(0xffffffffu, softmax.template update_scores</*kLazy=*/true>(S, correction))) {
+      OnlineSoftmax<kRows>::rescale(O, correction);  // warp-uniform
+    }
     Tensor rP = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, 1, 1)
     warp_gemm_rs(mma, acc_o, tOrP, tOrVt, at_offset(tOsVt, offset), smem_copy_v, lane);
@@ -610,8 +654,9 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
 
   // Merge: warp w's unnormalized O_w, row max m_w (raw scores) and row sum l_w; with M the rows' max over
   // warps and f_w = exp2((m_w - M) scale log2e): O = sum_w f_w O_w / sum_w f_w l_w, LSE = M scale + log(sum).
+  constexpr int kMergeStride = Traits::kMergeStride;  // (floats between rows)
   float* merge_o = reinterpret_cast<float*>(kv_base - warp * 2 * kStages * int(Traits::kChunkSize));  // (4, 16, D)
-  float* merge_m = merge_o + kWarps * kBlockM * kHeadDim;  // (4, 16)
+  float* merge_m = merge_o + kWarps * kBlockM * kMergeStride;  // (4, 16)
   float* merge_l = merge_m + kWarps * kBlockM;              // (4, 16)
   {
     Tensor O = rowcol_view(acc_o);
@@ -625,7 +670,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
         merge_l[warp * kBlockM + row] = sum;
       }
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(O); ++c) merge_o[(warp * kBlockM + row) * kHeadDim + get<1>(tOcO(r, c))] = O(r, c);
+      for (int c = 0; c < size<1>(O); ++c) merge_o[(warp * kBlockM + row) * kMergeStride + get<1>(tOcO(r, c))] = O(r, c);
     }
   }
   __syncthreads();
@@ -646,7 +691,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
         const float m_w = merge_m[w * kBlockM + row];
         const float f = m_w == -INFINITY ? 0.f : fast_exp2((m_w - m) * softmax.scale_log2);
         sum += f * merge_l[w * kBlockM + row];
-        o += f * merge_o[(w * kBlockM + row) * kHeadDim + col];
+        o += f * merge_o[(w * kBlockM + row) * kMergeStride + col];
       }
     }
     o = sum == 0.f ? 0.f : o / sum;
