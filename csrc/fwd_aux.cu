@@ -50,6 +50,54 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   if (i >= seq.len_q) return;  // varlen: past this sequence (no partials were written for it)
   const float* accum_lse = p.split_accum + split_lse_offset(p, splits);
   const int64_t split_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // rows per split
+  T* out = static_cast<T*>(p.out) + seq.o_offset(p, i, h);
+  if (splits <= kCombineBatch && p.head_dim <= 128) {
+    // Up to kCombineBatch splits and 128 columns (decode's plans): every split's LSE and this lane's four columns
+    // of its O in one round trip, the LSE from those in registers (each lane holds all of them), then the sum:
+    // one wait on L2 where the general path below takes two (the LSEs, then the O rows they weigh). The same
+    // result: LSE's fold in split order, max first.
+    const int col = lane * 4;
+    float lse_s[kCombineBatch];
+    float4 o[kCombineBatch];
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const int s = j < splits ? j : splits - 1;  // past the last split: a repeat, not used
+      lse_s[j] = accum_lse[s * split_stride + row];
+      const float* o_row = p.split_accum + (s * split_stride + row) * p.head_dim;
+      o[j] = col < p.head_dim ? *reinterpret_cast<const float4*>(o_row + col) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float m = -INFINITY;
+    bool nan_seen = false;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (j >= splits) continue;
+      if (lse_s[j] != lse_s[j]) nan_seen = true;
+      else m = fmaxf(m, lse_s[j]);
+    }
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (j < splits && lse_s[j] != -INFINITY && lse_s[j] == lse_s[j]) sum += expf(lse_s[j] - m);
+    }
+    float lse = m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
+    float unused = 1.f;
+    add_sink(lse, unused, sink_logit(p, h));
+    if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
+    if (col >= p.head_dim) return;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (lse != -INFINITY) {
+#pragma unroll
+      for (int j = 0; j < kCombineBatch; ++j) {
+        if (j >= splits || lse_s[j] == -INFINITY) continue;  // a split without keys: its O is not used
+        const float w = expf(lse_s[j] - lse);
+        acc[0] += w * o[j].x, acc[1] += w * o[j].y, acc[2] += w * o[j].z, acc[3] += w * o[j].w;
+      }
+    }
+    T vals[4];
+    for (int k = 0; k < 4; ++k) vals[k] = from_float<T>(acc[k]);
+    *reinterpret_cast<uint2*>(out + col) = *reinterpret_cast<const uint2*>(vals);
+    return;
+  }
   // LSE: each lane folds its splits' LSEs (s = lane, lane + 32, ...) into a running (max, sum of exp), then the
   // warp merges the lanes' pairs (symmetric: the lanes agree bit for bit). NaN partials as the two-pass form had
   // them: the LSE is NaN if any split's is and another's is finite, -inf if none is finite.
@@ -78,7 +126,6 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   float unused = 1.f;
   add_sink(lse, unused, sink_logit(p, h));  // once, here: the partials' LSEs leave the sink out
   if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
-  T* out = static_cast<T*>(p.out) + seq.o_offset(p, i, h);
   for (int col = lane * 4; col < p.head_dim; col += 128) {  // head_dim is a multiple of 8
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (lse != -INFINITY) {
