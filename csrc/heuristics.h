@@ -80,6 +80,13 @@ inline int bwd_head_splits(const BwdParams& p, const DeviceInfo& device) {
   int splits = 1;
   const int group = p.num_heads_k > 0 ? p.num_heads / p.num_heads_k : 1;
   if (group == 1 || p.num_splits > 0) return splits;
+  // FLASH_ATTN2_BWD_HEAD_SPLITS=n (read on every call; a tuning knob): n splits where n divides the group and is at
+  // most kMaxHeadSplits, the rule below otherwise. It enters the dQ accumulator's size like FLASH_ATTN2_SM_MARGIN:
+  // size it under the environment the run sees (bwd_dq_accum_elems calls this function too).
+  if (const char* env = std::getenv("FLASH_ATTN2_BWD_HEAD_SPLITS")) {
+    const long forced = std::strtol(env, nullptr, 10);
+    if (forced >= 1 && forced <= kMaxHeadSplits && group % forced == 0) return int(forced);
+  }
   const int num_sms = device.num_sms, l2_bytes = device.l2_bytes;
   constexpr int kKeys = kBwdBlockNSm90;
   const int64_t per_head = p.cu_seqlens_k != nullptr ? p.total_k / kKeys + p.batch  // the varlen slots

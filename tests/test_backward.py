@@ -152,6 +152,28 @@ def test_bwd_l2_head_splits(backend, monkeypatch):
     check_grads(grads, ref[1:], ref_pt[1:])
 
 
+@pytest.mark.parametrize("splits", ["2", "4", "3"])
+def test_bwd_head_splits_knob(splits, monkeypatch):
+    """FLASH_ATTN2_BWD_HEAD_SPLITS forces the query-head splits of a GQA backward (a tuning knob; the ring's long
+    non-causal blocks, TUNING 165): 8:2 heads, batch 3, non-causal 4k (192 key blocks: the rule takes one split); 2
+    and 4 split (the profiler shows the split blocks' dK / dV conversion), 3 does not divide the group of 4 and
+    leaves the rule's.
+    Gradients against the reference either way, with the workspace sized under the same environment."""
+    dtype = torch.bfloat16
+    require_kernel(128, dtype)
+    q, k, v = dense_inputs(3, 4096, 4096, 8, 4, 128, dtype)  # 8 query heads, groups of 4
+    dout = randn(*q.shape, dtype=dtype)
+
+    def set_knob():
+        monkeypatch.setenv("FLASH_ATTN2_BWD_HEAD_SPLITS", splits)
+
+    grads, split = ran_kernel(
+        lambda: run_backward(q, k, v, dout, None, None, 4096, 4096, False, before_backward=set_knob), "convert_dkv")
+    assert split == (splits != "3"), splits
+    ref, ref_pt = reference_grads(lambda q, k, v, up: attention_ref(q, k, v, False, upcast=up)[0], (q, k, v), dout)
+    check_grads(grads, ref[1:], ref_pt[1:])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [8, 40, 59, 100, 200, 256])
 @pytest.mark.parametrize("causal", [False, True])
