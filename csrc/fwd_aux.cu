@@ -51,6 +51,29 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
   const float* accum_lse = p.split_accum + split_lse_offset(p, splits);
   const int64_t split_stride = int64_t(p.batch) * p.num_heads * p.seqlen_q;  // rows per split
   T* out = static_cast<T*>(p.out) + seq.o_offset(p, i, h);
+  // Both paths' pieces: the row's LSE with the head's sink (once, here: the partials' LSEs leave it out), written
+  // by lane 0; a batch of splits' O columns added with their weights exp(LSE_s - LSE) (a split without keys, LSE_s
+  // -inf, is skipped: its O is not read); four columns stored in the output dtype.
+  auto finish_lse = [&](float lse) {
+    float unused = 1.f;
+    add_sink(lse, unused, sink_logit(p, h));
+    if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
+    return lse;
+  };
+  auto add_weighted = [&](float (&acc)[4], const float (&lse_s)[kCombineBatch], const float4 (&o)[kCombineBatch],
+                          int s0, float lse) {  // splits s0 .. s0 + kCombineBatch - 1
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      if (s0 + j >= splits || lse_s[j] == -INFINITY) continue;
+      const float w = expf(lse_s[j] - lse);
+      acc[0] += w * o[j].x, acc[1] += w * o[j].y, acc[2] += w * o[j].z, acc[3] += w * o[j].w;
+    }
+  };
+  auto store4 = [&](int col, const float (&acc)[4]) {
+    T vals[4];
+    for (int k = 0; k < 4; ++k) vals[k] = from_float<T>(acc[k]);
+    *reinterpret_cast<uint2*>(out + col) = *reinterpret_cast<const uint2*>(vals);
+  };
   if (splits <= kCombineBatch && p.head_dim <= 128) {
     // Up to kCombineBatch splits and 128 columns (decode's plans): every split's LSE and this lane's four columns
     // of its O in one round trip, the LSE from those in registers (each lane holds all of them), then the sum:
@@ -79,23 +102,11 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
     for (int j = 0; j < kCombineBatch; ++j) {
       if (j < splits && lse_s[j] != -INFINITY && lse_s[j] == lse_s[j]) sum += expf(lse_s[j] - m);
     }
-    float lse = m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
-    float unused = 1.f;
-    add_sink(lse, unused, sink_logit(p, h));
-    if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
+    const float lse = finish_lse(m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum));
     if (col >= p.head_dim) return;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (lse != -INFINITY) {
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        if (j >= splits || lse_s[j] == -INFINITY) continue;  // a split without keys: its O is not used
-        const float w = expf(lse_s[j] - lse);
-        acc[0] += w * o[j].x, acc[1] += w * o[j].y, acc[2] += w * o[j].z, acc[3] += w * o[j].w;
-      }
-    }
-    T vals[4];
-    for (int k = 0; k < 4; ++k) vals[k] = from_float<T>(acc[k]);
-    *reinterpret_cast<uint2*>(out + col) = *reinterpret_cast<const uint2*>(vals);
+    if (lse != -INFINITY) add_weighted(acc, lse_s, o, 0, lse);
+    store4(col, acc);
     return;
   }
   // LSE: each lane folds its splits' LSEs (s = lane, lane + 32, ...) into a running (max, sum of exp), then the
@@ -122,10 +133,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
     m = top;
   }
   const bool any_nan = __any_sync(0xffffffffu, nan_seen);
-  float lse = m == -INFINITY ? -INFINITY : any_nan ? NAN : m + logf(sum);
-  float unused = 1.f;
-  add_sink(lse, unused, sink_logit(p, h));  // once, here: the partials' LSEs leave the sink out
-  if (lane == 0) p.lse[seq.lse_offset(p, i, h)] = lse;
+  const float lse = finish_lse(m == -INFINITY ? -INFINITY : any_nan ? NAN : m + logf(sum));
   for (int col = lane * 4; col < p.head_dim; col += 128) {  // head_dim is a multiple of 8
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (lse != -INFINITY) {
@@ -138,17 +146,10 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
           lse_s[j] = accum_lse[s * split_stride + row];
           o[j] = *reinterpret_cast<const float4*>(p.split_accum + (s * split_stride + row) * p.head_dim + col);
         }
-#pragma unroll
-        for (int j = 0; j < kCombineBatch; ++j) {
-          if (s0 + j >= splits || lse_s[j] == -INFINITY) continue;  // a split without keys: its O is not read
-          const float w = expf(lse_s[j] - lse);
-          acc[0] += w * o[j].x, acc[1] += w * o[j].y, acc[2] += w * o[j].z, acc[3] += w * o[j].w;
-        }
+        add_weighted(acc, lse_s, o, s0, lse);
       }
     }
-    T vals[4];
-    for (int k = 0; k < 4; ++k) vals[k] = from_float<T>(acc[k]);
-    *reinterpret_cast<uint2*>(out + col) = *reinterpret_cast<const uint2*>(vals);
+    store4(col, acc);
   }
 }
 
