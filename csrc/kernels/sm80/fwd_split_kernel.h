@@ -151,8 +151,8 @@ __device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq
 }
 
 // Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
-// one tile, checking rows only where the sequence's end cuts it (zeros past len_k: a cache's unused rows, whatever
-// they hold, never reach a score or P V).
+// one tile, its rows checked against the sequence's end (zeros past len_k: a cache's unused rows, whatever they
+// hold, never reach a score or P V).
 template <int kRows, class Element, bool kOnePage = false, class Copy, class SrcK, class SrcV, class DstK, class DstV,
           class Coord>
 __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq& seq, int bidh_k, const Copy& copy,
@@ -162,12 +162,13 @@ __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq&
   if (kOnePage || seq.pages != nullptr) {
     load_paged<kRows, kOnePage>(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
                static_cast<const Element*>(p.v) + bidh_k * p.v_head_stride, sk, sv, coord, row0);
-  } else if (rows_left < kRows) {
+  } else {
+    // Rows always checked: with an unchecked version for whole tiles beside it, the compiler predicated both sets
+    // of copies and their addresses into every tile (16 dead cp.async and their address work in each of the narrow
+    // kernel's ~430-instruction chunks, 32 in the 64-row kernel's blocks; the kernels are instruction-bound: TUNING
+    // 166 / 171), where the check costs a compare a row.
     load_tile<true>(copy, gk, sk, coord, rows_left, p.head_dim);
     load_tile<true>(copy, gv, sv, coord, rows_left, p.head_dim);
-  } else {
-    load_tile<false>(copy, gk, sk, coord, rows_left, p.head_dim);
-    load_tile<false>(copy, gv, sv, coord, rows_left, p.head_dim);
   }
 }
 
