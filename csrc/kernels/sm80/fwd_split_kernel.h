@@ -59,63 +59,64 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
 // paged blocks streaming at less than half a contiguous block's rate, TUNING 145). Rows past len_k read the entry of
 // row0 (the stage's first row, below len_k whenever a stage is loaded) and copy nothing, so a table's padding (-1)
 // is never dereferenced; entries are clamped to the pages (clamp_page).
-// A narrow-kernel chunk whose 16 rows lie on one page (every chunk with pages of a multiple of 16 rows unless
-// leftpad_k shifts it; some chunks with other page sizes of 16+, chunk by chunk) reads one entry and steps its rows
-// from that page's first: paged batch-1 decode paid ~0.2 us a chunk over contiguous in the per-row lookups' address
-// work (shift, entry, clamp, two 64-bit products a row: TUNING 155 / 164), not in the entry's latency.
-template <int kTileRows, class Element, class DstK, class DstV, class Coord>
+// kOnePage (the narrow kernel, where every 16-row chunk lies on one page: one_page_chunks): a chunk reads one entry
+// and steps its rows from that page's first: paged batch-1 decode paid ~0.2 us a chunk over contiguous in the
+// per-row lookups' address work (shift, entry, clamp, two 64-bit products a row: TUNING 155 / 164), not in the
+// entry's latency. A compile-time choice, made once a tile: tested chunk by chunk, the compiler predicated the
+// one-page copies (~170 instructions) into every paged chunk's path, and pages of one row ran 4-7 % slower at
+// batch 1 (TUNING 169).
+template <int kTileRows, bool kOnePage, class Element, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& seq, const Element* k, const Element* v,
                                            DstK&& sk, DstV&& sv, Coord const& coord, int row0) {
   using namespace cute;
   constexpr int kRows = decltype(size<1>(sk))::value;
   // (The narrow kernel only: the 64-row kernel's extended cluster variant spilled 24 B with both paths.)
-  if constexpr (kTileRows <= 16) {
-    const PageSlot first = page_slot(p, seq.k_row0 + row0);
-    if (first.row + kTileRows <= p.page_size) {
-      const int64_t page = clamp_page(p, seq.pages[first.column]);
-      const Element* k_page = k + page * p.k_batch_stride + int64_t(first.row) * p.k_row_stride;
-      const Element* v_page = v + page * p.v_batch_stride + int64_t(first.row) * p.v_row_stride;
-      CUTE_UNROLL
-      for (int m = 0; m < kRows; ++m) {
-        const int r = get<0>(coord(0, m, 0));  // the row in the stage, on the page past `first`
-        const bool row_ok = row0 + r < seq.len_k;
-        CUTE_UNROLL
-        for (int c = 0; c < size<2>(sk); ++c) {
-          const int col = get<1>(coord(0, m, c));
-          const bool ok = row_ok && col < p.head_dim;
-          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-              *reinterpret_cast<const uint128_t*>(k_page + r * p.k_row_stride + col),
-              *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
-          SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-              *reinterpret_cast<const uint128_t*>(v_page + r * p.v_row_stride + col),
-              *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
-        }
-      }
-      return;
-    }
-  }
-  int entry[kRows], on_page[kRows];
-  CUTE_UNROLL
-  for (int m = 0; m < kRows; ++m) {
-    const int row = row0 + get<0>(coord(0, m, 0));
-    const PageSlot slot = page_slot(p, seq.k_row0 + (row < seq.len_k ? row : row0));
-    entry[m] = seq.pages[slot.column];
-    on_page[m] = slot.row;
-  }
-  CUTE_UNROLL
-  for (int m = 0; m < kRows; ++m) {
-    const bool row_ok = row0 + get<0>(coord(0, m, 0)) < seq.len_k;
-    const int64_t page = clamp_page(p, entry[m]);
-    const int64_t k_off = page * p.k_batch_stride + on_page[m] * p.k_row_stride;
-    const int64_t v_off = page * p.v_batch_stride + on_page[m] * p.v_row_stride;
+  static_assert(!kOnePage || kTileRows <= 16, "one entry a chunk: the narrow kernel's 16-row chunks");
+  if constexpr (kOnePage) {
+    const PageSlot first = page_slot(p, seq.k_row0 + row0);  // first.row + kTileRows <= page_size
+    const int64_t page = clamp_page(p, seq.pages[first.column]);
+    const Element* k_page = k + page * p.k_batch_stride + int64_t(first.row) * p.k_row_stride;
+    const Element* v_page = v + page * p.v_batch_stride + int64_t(first.row) * p.v_row_stride;
     CUTE_UNROLL
-    for (int c = 0; c < size<2>(sk); ++c) {
-      const int col = get<1>(coord(0, m, c));
-      const bool ok = row_ok && col < p.head_dim;
-      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(k + k_off + col),
-                                                        *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
-      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(v + v_off + col),
-                                                        *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+    for (int m = 0; m < kRows; ++m) {
+      const int r = get<0>(coord(0, m, 0));  // the row in the stage, on the page past `first`
+      const bool row_ok = row0 + r < seq.len_k;
+      CUTE_UNROLL
+      for (int c = 0; c < size<2>(sk); ++c) {
+        const int col = get<1>(coord(0, m, c));
+        const bool ok = row_ok && col < p.head_dim;
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+            *reinterpret_cast<const uint128_t*>(k_page + r * p.k_row_stride + col),
+            *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
+            *reinterpret_cast<const uint128_t*>(v_page + r * p.v_row_stride + col),
+            *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+      }
+    }
+  } else {
+    int entry[kRows], on_page[kRows];
+    CUTE_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      const int row = row0 + get<0>(coord(0, m, 0));
+      const PageSlot slot = page_slot(p, seq.k_row0 + (row < seq.len_k ? row : row0));
+      entry[m] = seq.pages[slot.column];
+      on_page[m] = slot.row;
+    }
+    CUTE_UNROLL
+    for (int m = 0; m < kRows; ++m) {
+      const bool row_ok = row0 + get<0>(coord(0, m, 0)) < seq.len_k;
+      const int64_t page = clamp_page(p, entry[m]);
+      const int64_t k_off = page * p.k_batch_stride + on_page[m] * p.k_row_stride;
+      const int64_t v_off = page * p.v_batch_stride + on_page[m] * p.v_row_stride;
+      CUTE_UNROLL
+      for (int c = 0; c < size<2>(sk); ++c) {
+        const int col = get<1>(coord(0, m, c));
+        const bool ok = row_ok && col < p.head_dim;
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(k + k_off + col),
+                                                          *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
+        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(v + v_off + col),
+                                                          *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
+      }
     }
   }
 }
@@ -150,22 +151,24 @@ __device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq
 }
 
 // Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
-// one tile, checking rows only where the sequence's end cuts it (zeros past len_k: a cache's unused rows, whatever
-// they hold, never reach a score or P V).
-template <int kRows, class Element, class Copy, class SrcK, class SrcV, class DstK, class DstV, class Coord>
+// one tile, its rows checked against the sequence's end (zeros past len_k: a cache's unused rows, whatever they
+// hold, never reach a score or P V).
+template <int kRows, class Element, bool kOnePage = false, class Copy, class SrcK, class SrcV, class DstK, class DstV,
+          class Coord>
 __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq& seq, int bidh_k, const Copy& copy,
                                              const SrcK& gk, const SrcV& gv, DstK&& sk, DstV&& sv, const Coord& coord,
                                              int row0) {
   const int rows_left = seq.len_k - row0;
-  if (seq.pages != nullptr) {
-    load_paged<kRows>(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
+  if (kOnePage || seq.pages != nullptr) {
+    load_paged<kRows, kOnePage>(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
                static_cast<const Element*>(p.v) + bidh_k * p.v_head_stride, sk, sv, coord, row0);
-  } else if (rows_left < kRows) {
+  } else {
+    // Rows always checked: with an unchecked version for whole tiles beside it, the compiler predicated both sets
+    // of copies and their addresses into every tile (16 dead cp.async and their address work in each of the narrow
+    // kernel's ~430-instruction chunks, 32 in the 64-row kernel's blocks; the kernels are instruction-bound: TUNING
+    // 166 / 171), where the check costs a compare a row.
     load_tile<true>(copy, gk, sk, coord, rows_left, p.head_dim);
     load_tile<true>(copy, gv, sv, coord, rows_left, p.head_dim);
-  } else {
-    load_tile<false>(copy, gk, sk, coord, rows_left, p.head_dim);
-    load_tile<false>(copy, gv, sv, coord, rows_left, p.head_dim);
   }
 }
 
@@ -584,16 +587,24 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_D) -> (row, col)
   // This warp's i-th chunk of the split, into stage i % kStages; the sequence's last chunk may be cut (zeros).
   auto chunk_of = [&](int i) { return mine.begin + warp + kWarps * i; };
-  auto load_chunk = [&](int i) {
+  // one_page: every chunk lies on one page (pages of a multiple of 16 rows, the keys starting on a 16-row boundary
+  // of one): one table entry a chunk (load_paged's kOnePage). The loads and the chunk loop are compiled once for each
+  // answer, so that the other paths carry none of its instructions.
+  const bool one_page_chunks = seq.pages != nullptr && params.page_size % kChunk == 0 && seq.k_row0 % kChunk == 0;
+  auto load_chunk = [&](int i, auto one_page) {
     const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize);
-    load_kv_rows<kChunk, Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n), tVgV(_, _, _, n),
-                                  at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n * kChunk);
+    load_kv_rows<kChunk, Element, decltype(one_page)::value>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n),
+                                                             tVgV(_, _, _, n), at_offset(tKsK, offset),
+                                                             at_offset(tVsV, offset), tKVcKV, n * kChunk);
   };
-  CUTE_UNROLL
-  for (int s = 0; s < kStages - 1; ++s) {  // one commit group per chunk, empty past the range's end
-    if (chunk_of(s) < mine.end) load_chunk(s);
-    cp_async_fence();
-  }
+  auto prologue = [&](auto one_page) {
+    CUTE_UNROLL
+    for (int s = 0; s < kStages - 1; ++s) {  // one commit group per chunk, empty past the range's end
+      if (chunk_of(s) < mine.end) load_chunk(s, one_page);
+      cp_async_fence();
+    }
+  };
+  if (one_page_chunks) prologue(cute::true_type{}); else prologue(cute::false_type{});
 
   typename Traits::WarpMma mma;
   auto thr_mma = mma.get_thread_slice(lane);
@@ -622,33 +633,36 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   const Alibi alibi = mods.alibi(params, seq.len_q, seq.len_k, bidb, head0);  // unpacked with ALiBi
   OnlineSoftmax<kRows> softmax(mods.scale(params));
 
-  for (int i = 0; chunk_of(i) < mine.end; ++i) {
-    cp_async_wait<kStages - 2>();
-    __syncwarp();  // chunk i has landed for every lane, and every lane is done with chunk i - 1's stage
-    if (chunk_of(i + kStages - 1) < mine.end) load_chunk(i + kStages - 1);
-    cp_async_fence();
-    const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize);
-    Tensor acc_s = partition_fragment_C(mma, TileS{});  // (MMA, 1, 2)
-    clear(acc_s);
-    warp_gemm_rs(mma, acc_s, tSrQ, tSrK, at_offset(tSsK, offset), smem_copy_k, lane);
-    Tensor S = rowcol_view(acc_s);
-    if constexpr (kExtended) mods.apply(S, params, alibi, tScS, int(row0), n * kChunk);
-    if (n >= blocks.n_masked_min || (kExtended && n < blocks.n_unmasked_min)) {
-      mask_queries<kExtended>(S, tScS, query, window, n * kChunk);
+  auto chunk_loop = [&](auto one_page) {
+    for (int i = 0; chunk_of(i) < mine.end; ++i) {
+      cp_async_wait<kStages - 2>();
+      __syncwarp();  // chunk i has landed for every lane, and every lane is done with chunk i - 1's stage
+      if (chunk_of(i + kStages - 1) < mine.end) load_chunk(i + kStages - 1, one_page);
+      cp_async_fence();
+      const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize);
+      Tensor acc_s = partition_fragment_C(mma, TileS{});  // (MMA, 1, 2)
+      clear(acc_s);
+      warp_gemm_rs(mma, acc_s, tSrQ, tSrK, at_offset(tSsK, offset), smem_copy_k, lane);
+      Tensor S = rowcol_view(acc_s);
+      if constexpr (kExtended) mods.apply(S, params, alibi, tScS, int(row0), n * kChunk);
+      if (n >= blocks.n_masked_min || (kExtended && n < blocks.n_unmasked_min)) {
+        mask_queries<kExtended>(S, tScS, query, window, n * kChunk);
+      }
+      Tensor O = rowcol_view(acc_o);
+      // FA4's conditional rescale (OnlineSoftmax's kLazy): a warp's 16-key chunks rescale O (64 accumulators a
+      // thread) only when a row's max passes its reference by more than 2^8, which after a sequence's first chunks is
+      // rare; the decode kernel is instruction-bound (64 x 1k: 15.3M instructions against cuDNN's 11.0M at the same
+      // issue rate, TUNING 166), and the rescale was an eighth of a chunk's.
+      float correction[kRows];
+      if (__any_sync(0xffffffffu, softmax.template update_scores</*kLazy=*/true>(S, correction))) {
+        OnlineSoftmax<kRows>::rescale(O, correction);  // warp-uniform
+      }
+      Tensor rP = convert_fragment<Element>(acc_s);
+      Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, 1, 1)
+      warp_gemm_rs(mma, acc_o, tOrP, tOrVt, at_offset(tOsVt, offset), smem_copy_v, lane);
     }
-    Tensor O = rowcol_view(acc_o);
-    // FA4's conditional rescale (OnlineSoftmax's kLazy): a warp's 16-key chunks rescale O (64 accumulators a
-    // thread) only when a row's max passes its reference by more than 2^8, which after a sequence's first chunks is
-    // rare; the decode kernel is instruction-bound (64 x 1k: 15.3M instructions against cuDNN's 11.0M at the same
-    // issue rate, TUNING 166), and the rescale was an eighth of a chunk's.
-    float correction[kRows];
-    if (__any_sync(0xffffffffu, softmax.template update_scores</*kLazy=*/true>(S, correction))) {
-      OnlineSoftmax<kRows>::rescale(O, correction);  // warp-uniform
-    }
-    Tensor rP = convert_fragment<Element>(acc_s);
-    Tensor tOrP = make_tensor(rP.data(), acc_as_operand_a(rP.layout()));  // (MMA, 1, 1)
-    warp_gemm_rs(mma, acc_o, tOrP, tOrVt, at_offset(tOsVt, offset), smem_copy_v, lane);
-  }
+  };
+  if (one_page_chunks) chunk_loop(cute::true_type{}); else chunk_loop(cute::false_type{});
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with its K / V buffers: the merge reuses them
 
