@@ -17,6 +17,35 @@ MAX_SEQLEN = 2**31 - 2**16
 DTYPES = (torch.float16, torch.bfloat16)
 
 
+def require_tensor(t, name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def require_device(t, name, q):
+    if t.device != q.device:
+        raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+
+
+def require_last_dim_contiguous(t, name):
+    if t.stride(-1) != 1:
+        raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), got strides "
+                         f"{tuple(t.stride())}")
+
+
+def check_cu_seqlens(cu, name, q, entries=None):
+    """An int32 (batch + 1,) offsets tensor on q's device; `entries`: the length it must have (cu_seqlens_q's)."""
+    if cu.dtype != torch.int32:
+        raise TypeError(f"flash_attn2: {name} must be int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.shape[0] < 2 or (entries is not None and cu.shape[0] != entries):
+        like = " (as cu_seqlens_q)" if entries is not None else ""
+        raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries{like}, got shape "
+                         f"{tuple(cu.shape)}")
+    require_device(cu, name, q)
+    if not cu.is_contiguous():
+        raise ValueError(f"flash_attn2: {name} must be contiguous, got strides {tuple(cu.stride())}")
+
+
 def check_types(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes=None):
     """What the op's schema cannot say in our words: the arguments are tensors."""
     named = (("q", q), ("k", k), ("v", v))
@@ -25,8 +54,7 @@ def check_types(q, k, v, cu_seqlens_q, cu_seqlens_k, alibi_slopes=None):
     if alibi_slopes is not None:
         named += (("alibi_slopes", alibi_slopes),)
     for name, t in named:
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
+        require_tensor(t, name)
 
 
 def check_max_seqlen(max_seqlen_q, max_seqlen_k):
@@ -47,11 +75,8 @@ def check_alibi_slopes(alibi_slopes, q, cu_seqlens_q):
     if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
         raise ValueError(f"flash_attn2: alibi_slopes must be (nheads,) = ({heads},) or (batch, nheads) = ({batch}, "
                          f"{heads}), got shape {tuple(alibi_slopes.shape)}")
-    if alibi_slopes.stride(-1) != 1:
-        raise ValueError(f"flash_attn2: alibi_slopes must have a contiguous last dimension (stride 1), got strides "
-                         f"{tuple(alibi_slopes.stride())}")
-    if alibi_slopes.device != q.device:
-        raise ValueError(f"flash_attn2: alibi_slopes must be on q's device {q.device}, got {alibi_slopes.device}")
+    require_last_dim_contiguous(alibi_slopes, "alibi_slopes")
+    require_device(alibi_slopes, "alibi_slopes", q)
 
 
 def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):
@@ -68,9 +93,7 @@ def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):
         if t.dim() != ndim:
             layout = "(batch, seqlen, nheads, headdim)" if ndim == 4 else "(total_tokens, nheads, headdim)"
             raise ValueError(f"flash_attn2: {name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}")
-        if t.stride(-1) != 1:
-            raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), "
-                             f"got strides {tuple(t.stride())}")
+        require_last_dim_contiguous(t, name)
     head_dim = q.shape[-1]
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"flash_attn2: head dim (q.shape[-1]) must be in 1..{MAX_HEAD_DIM}, got {head_dim}")
@@ -90,22 +113,14 @@ def check_tensors(q, k, v, cu_seqlens_q, cu_seqlens_k):
         if k.shape[0] != q.shape[0]:
             raise ValueError(f"flash_attn2: k's batch size ({k.shape[0]}) must equal q's ({q.shape[0]})")
     for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+        require_device(t, name, q)
     if not varlen:
         if q.shape[1] > MAX_SEQLEN or k.shape[1] > MAX_SEQLEN:
             raise ValueError(f"flash_attn2: seqlen_q and seqlen_k must be at most 2**31-2**16, got {q.shape[1]} "
                              f"and {k.shape[1]}")
         return
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if cu.dtype != torch.int32:
-            raise TypeError(f"flash_attn2: {name} must be int32, got {cu.dtype}")
-        if cu.dim() != 1 or cu.shape[0] < 2:
-            raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-        if cu.device != q.device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {cu.device}")
-        if not cu.is_contiguous():
-            raise ValueError(f"flash_attn2: {name} must be contiguous, got strides {tuple(cu.stride())}")
+        check_cu_seqlens(cu, name, q)
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
         raise ValueError(f"flash_attn2: cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), "
                          f"got {cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")

@@ -13,29 +13,24 @@ import operator
 import torch
 
 from . import _ops
-from ._checks import DTYPES, MAX_HEAD_DIM, MAX_SEQLEN, check_alibi_slopes
+from ._checks import (DTYPES, MAX_HEAD_DIM, MAX_SEQLEN, check_alibi_slopes, check_cu_seqlens, require_device,
+                      require_last_dim_contiguous, require_tensor)
 # Imported at the end of flash_attn_interface, after these are defined there.
 from .flash_attn_interface import _softcap, _softmax_scale, _window
 
 MAX_SPLITS = 128  # flash_attn2.h: kMaxKvSplits
 
 
-def _tensor(t, name):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"flash_attn2: {name} must be a torch.Tensor, got {type(t).__name__}")
-
-
 def _int_rows(t, name, batch, q):
     """An optional (batch,) int32 tensor on q's device."""
     if t is None:
         return
-    _tensor(t, name)
+    require_tensor(t, name)
     if t.dtype != torch.int32:
         raise TypeError(f"flash_attn2: {name} must be int32, got {t.dtype}")
     if tuple(t.shape) != (batch,):
         raise ValueError(f"flash_attn2: {name} must have shape (batch,) = ({batch},), got {tuple(t.shape)}")
-    if t.device != q.device:
-        raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+    require_device(t, name, q)
 
 
 def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
@@ -43,7 +38,7 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     """Every tensor argument of flash_attn_with_kvcache (metadata only: no value is read). With cu_seqlens_q, q is
     (total_q, nheads, headdim), checked as a batch of one row whose sequences cu_seqlens_q delimits."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _tensor(t, name)
+        require_tensor(t, name)
     if cu_seqlens_q is not None:
         _check_varlen_q(q, k, rotary_cos, cache_seqlens, cache_leftpad, block_table, cu_seqlens_q, cu_seqlens_k,
                         max_seqlen_q)
@@ -51,7 +46,7 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v)):
         if t is None:
             continue
-        _tensor(t, name)
+        require_tensor(t, name)
         if t.dtype not in DTYPES:
             raise TypeError(f"flash_attn2: {name} must be float16 or bfloat16, got {t.dtype}")
         if t.dtype != q.dtype:
@@ -59,11 +54,8 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         if t.dim() != 4:
             raise ValueError(f"flash_attn2: {name} must be 4-D (batch, seqlen, nheads, headdim), got shape "
                              f"{tuple(t.shape)}")
-        if t.stride(-1) != 1:
-            raise ValueError(f"flash_attn2: {name} must have a contiguous last dimension (stride 1), got strides "
-                             f"{tuple(t.stride())}")
-        if t.device != q.device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+        require_last_dim_contiguous(t, name)
+        require_device(t, name, q)
     batch, seqlen_q, heads, head_dim = q.shape
     if cu_seqlens_q is not None:
         batch = cu_seqlens_q.shape[0] - 1
@@ -80,7 +72,7 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
                          f"{tuple(v_cache.shape)}")
     batch_cache, seqlen_cache, heads_k, head_dim_k = k_cache.shape
     if block_table is not None:  # k_cache: (num_pages, page_size, nheads_k, headdim); capacity: max_pages * page_size
-        _tensor(block_table, "block_table")
+        require_tensor(block_table, "block_table")
         if block_table.dtype != torch.int32:
             raise TypeError(f"flash_attn2: block_table must be int32, got {block_table.dtype}")
         if block_table.dim() != 2 or block_table.shape[0] != batch or block_table.shape[1] == 0:
@@ -89,8 +81,7 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
         if block_table.stride(-1) != 1:
             raise ValueError(f"flash_attn2: block_table must have contiguous rows (stride 1), got strides "
                              f"{tuple(block_table.stride())}")
-        if block_table.device != q.device:
-            raise ValueError(f"flash_attn2: block_table must be on q's device {q.device}, got {block_table.device}")
+        require_device(block_table, "block_table", q)
         if cache_batch_idx is not None:
             raise ValueError("flash_attn2: cache_batch_idx cannot be combined with block_table (a paged cache)")
         if seqlen_cache == 0 or batch_cache == 0:
@@ -131,14 +122,13 @@ def check_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqle
             raise ValueError("flash_attn2: rotary_cos / rotary_sin need k and v (the rotary embedding is applied to "
                              "the new keys and to q)")
         for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
-            _tensor(t, name)
+            require_tensor(t, name)
             if t.dtype != q.dtype:
                 raise TypeError(f"flash_attn2: {name} must have q's dtype {q.dtype}, got {t.dtype}")
             if t.dim() != 2 or t.stride(-1) != 1:
                 raise ValueError(f"flash_attn2: {name} must be 2-D (seqlen_ro, rotary_dim / 2) with a contiguous "
                                  f"last dimension, got shape {tuple(t.shape)}")
-            if t.device != q.device:
-                raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {t.device}")
+            require_device(t, name, q)
         if rotary_sin.shape != rotary_cos.shape:
             raise ValueError(f"flash_attn2: rotary_cos and rotary_sin must have the same shape, got "
                              f"{tuple(rotary_cos.shape)} and {tuple(rotary_sin.shape)}")
@@ -174,16 +164,8 @@ def _check_varlen_q(q, k, rotary_cos, cache_seqlens, cache_leftpad, block_table,
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu is None:
             continue
-        _tensor(cu, name)
-        if cu.dtype != torch.int32:
-            raise TypeError(f"flash_attn2: {name} must be int32, got {cu.dtype}")
-        if cu.dim() != 1 or cu.shape[0] < 2 or cu.shape[0] != cu_seqlens_q.shape[0]:
-            raise ValueError(f"flash_attn2: {name} must be 1-D with batch + 1 >= 2 entries (as cu_seqlens_q), got "
-                             f"shape {tuple(cu.shape)}")
-        if cu.device != q.device:
-            raise ValueError(f"flash_attn2: {name} must be on q's device {q.device}, got {cu.device}")
-        if not cu.is_contiguous():
-            raise ValueError(f"flash_attn2: {name} must be contiguous, got strides {tuple(cu.stride())}")
+        require_tensor(cu, name)
+        check_cu_seqlens(cu, name, q, entries=cu_seqlens_q.shape[0])
     if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, (int, torch.SymInt)) or not 0 <= max_seqlen_q <= MAX_SEQLEN:
         raise ValueError(f"flash_attn2: max_seqlen_q must be an int in 0..2**31-2**16, got {max_seqlen_q!r}")
 
@@ -304,7 +286,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
             raise ValueError("flash_attn2: pass block_table or its alias page_table, not both")
         block_table = page_table
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        _tensor(q, "q")
+        require_tensor(q, "q")
         batch = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     if cu_seqlens_q is not None and max_seqlen_q is None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import require_device
+
 
 def check_sink(sink, heads: int, q: torch.Tensor) -> None:
     if not isinstance(sink, torch.Tensor):
@@ -23,5 +25,4 @@ def check_sink(sink, heads: int, q: torch.Tensor) -> None:
         raise TypeError(f"flash_attn2: learnable_sink must be float32, float16 or bfloat16, got {sink.dtype}")
     if tuple(sink.shape) != (heads,):
         raise ValueError(f"flash_attn2: learnable_sink must be (nheads,) = ({heads},), got shape {tuple(sink.shape)}")
-    if sink.device != q.device:
-        raise ValueError(f"flash_attn2: learnable_sink must be on q's device {q.device}, got {sink.device}")
+    require_device(sink, "learnable_sink", q)
