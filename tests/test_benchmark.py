@@ -141,6 +141,16 @@ def test_decode_summary_against_cudnn():
     assert "no cell" in decode.summary(rows[:1])
 
 
+def test_decode_name_is_a_file_name(capsys):
+    """--name picks the results' file (<gpu>_<name>.csv), so a paged grid and the default suite can sit side by side;
+    a name that is not a plain file name is refused before any GPU work."""
+    from flash_attn2.bench import decode
+    for bad in ("a/b", "", "../x"):
+        with pytest.raises(SystemExit) as info:
+            decode.main(["--name", bad])
+        assert info.value.code == 2 and "--name" in capsys.readouterr().err
+
+
 def test_decode_rounds_rotate_the_implementations(monkeypatch):
     """bench.decode times a cell's runners in rounds with their order rotated (each starts a round in turn), and
     reports each runner's median: CUDA events replaced by a clock that the runners advance."""

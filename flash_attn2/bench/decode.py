@@ -2,7 +2,7 @@
 
     python -m flash_attn2.bench.decode [--shapes 32,8,128 64,8,128 32,32,128] [--batches 1 4 16 64 256]
                                        [--ctxs 1024 4096 16384 32768 131072] [--pages 0 1 16 64 256]
-                                       [--impls ...] [--out-dir DIR]
+                                       [--impls ...] [--out-dir DIR] [--name decode]
 
 flash_attn2's `flash_attn_with_kvcache` (heuristic splits, and num_splits=1) beside SDPA's cuDNN and flash backends
 (`enable_gqa=True`, the same caches as (batch, heads, ctx, d) views), each timed eagerly (launch and Python
@@ -238,14 +238,17 @@ def main(argv=None):
     p.add_argument("--max-gb", type=float, default=40.0, help="skip cells whose rotated caches pass this")
     p.add_argument("--warmup-s", type=float, default=2.0)
     p.add_argument("--out-dir", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--name", default="decode", help="the results' name: <out-dir>/<gpu>_<name>.csv / .png")
     args = p.parse_args(argv)
+    if not args.name or not all(c.isalnum() or c in "_-" for c in args.name):
+        p.error(f"--name must be letters, digits, '_' or '-', got {args.name!r}")
     if not torch.cuda.is_available():
         raise SystemExit("the decode benchmark needs a CUDA GPU")
     warm_up_gpu(args.warmup_s)
     rows = run_decode(args.shapes, args.batches, args.ctxs, args.impls, args.max_gb, args.pages)
     if rows:
         print(summary(rows))
-        save(rows, args.out_dir, "_decode", COLUMNS, plot)
+        save(rows, args.out_dir, "_" + args.name, COLUMNS, plot)
 
 
 if __name__ == "__main__":
