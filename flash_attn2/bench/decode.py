@@ -7,11 +7,12 @@
 flash_attn2's `flash_attn_with_kvcache` (heuristic splits, and num_splits=1) beside SDPA's cuDNN and flash backends
 (`enable_gqa=True`, the same caches as (batch, heads, ctx, d) views), each timed eagerly (launch and Python
 included) and as CUDA-graph replay (the kernels alone), a cell's implementations in rounds with their order
-rotated. The caches rotate over copies that together pass 256 MB, so no call finds its cache in L2. Per cell: us per call, GB/s = bytes of K and V read / graph time, and % of the
-device-to-device copy bandwidth (read + write) measured in the same run. Cells whose caches pass --max-gb are
-skipped. --pages: cache layouts, 0 contiguous, else paged caches of that page size (pages in random order, the table
-exactly the sequence's pages; SDPA has no paged form and runs on the contiguous layout only). Writes
-<out_dir>/<gpu>_decode.csv and, where matplotlib is installed, .png.
+rotated. The caches rotate over copies that together pass 256 MB, so no call finds its cache in L2. Per cell: us
+per call, GB/s = bytes of K and V read / graph time, and % of the device-to-device copy bandwidth (read + write)
+measured in the same run. Cells whose caches pass --max-gb are skipped. --pages: cache layouts, 0 contiguous, else
+paged caches of that page size (pages in random order, the table exactly the sequence's pages; SDPA has no paged
+form and runs on the contiguous layout only). Writes
+<out_dir>/<gpu>_<name>.csv (--name, default decode) and, where matplotlib is installed, .png.
 """
 
 from __future__ import annotations

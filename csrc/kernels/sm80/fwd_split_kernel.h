@@ -165,8 +165,8 @@ __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq&
   } else {
     // Rows always checked: with an unchecked version for whole tiles beside it, the compiler predicated both sets
     // of copies and their addresses into every tile (16 dead cp.async and their address work in each of the narrow
-    // kernel's ~430-instruction chunks, 32 in the 64-row kernel's blocks; the kernels are instruction-bound: TUNING
-    // 166 / 171), where the check costs a compare a row.
+    // kernel's ~430-instruction chunks, 32 in the 64-row kernel's blocks: TUNING 171), where the check costs a
+    // compare a row. Measured: no cell slower, 0-1 % faster (TUNING 175).
     load_tile<true>(copy, gk, sk, coord, rows_left, p.head_dim);
     load_tile<true>(copy, gv, sv, coord, rows_left, p.head_dim);
   }
@@ -651,8 +651,9 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
       Tensor O = rowcol_view(acc_o);
       // FA4's conditional rescale (OnlineSoftmax's kLazy): a warp's 16-key chunks rescale O (64 accumulators a
       // thread) only when a row's max passes its reference by more than 2^8, which after a sequence's first chunks is
-      // rare; the decode kernel is instruction-bound (64 x 1k: 15.3M instructions against cuDNN's 11.0M at the same
-      // issue rate, TUNING 166), and the rescale was an eighth of a chunk's.
+      // rare. Taken when the decode kernel read as instruction-bound (64 x 1k: 15.3M instructions against cuDNN's
+      // 11.0M, TUNING 166); ptxas predicates the skipped FMULs into every chunk all the same (TUNING 169), and
+      // forcing a real branch made no call faster: the chunk loop is latency-bound (TUNING 175).
       float correction[kRows];
       if (__any_sync(0xffffffffu, softmax.template update_scores</*kLazy=*/true>(S, correction))) {
         OnlineSoftmax<kRows>::rescale(O, correction);  // warp-uniform
