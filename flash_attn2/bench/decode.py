@@ -11,8 +11,8 @@ rotated. The caches rotate over copies that together pass 256 MB, so no call fin
 per call, GB/s = bytes of K and V read / graph time, and % of the device-to-device copy bandwidth (read + write)
 measured in the same run. Cells whose caches pass --max-gb are skipped. --pages: cache layouts, 0 contiguous, else
 paged caches of that page size (pages in random order, the table exactly the sequence's pages; SDPA has no paged
-form and runs on the contiguous layout only). Writes
-<out_dir>/<gpu>_<name>.csv (--name, default decode) and, where matplotlib is installed, .png.
+form and runs on the contiguous layout only). Writes <out_dir>/<gpu>_<name>.csv (--name, default decode) and, where
+matplotlib is installed, .png.
 """
 
 from __future__ import annotations

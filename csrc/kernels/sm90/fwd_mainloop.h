@@ -91,7 +91,8 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // divisor, sm90/tile_size.h, as the launcher encoded the descriptors) by one column atom (fwd_traits.h), each
   // box through its page-table entry (clamped to the pages; boxes past the sequence read page 0; rows past it are
   // masked, their V rows zeroed: fwd_consume_tile), the lanes taking a box each. The leader's expect_tx comes
-  // first, so no box can complete the phase early. Plain offsets into the stage (fwd_traits.h asserts the layout): the producer has 24 registers.
+  // first, so no box can complete the phase early. Plain offsets into the stage (fwd_traits.h asserts the
+  // layout): the producer has 24 registers.
   // (Blocks that allow only 16-row boxes keep them compile-time; the others' counts are a shift: box_rows is a
   // power of two.)
   constexpr int kMaxBoxes = Traits::kBlockN / kPagedRows;  // 16-row boxes
