@@ -646,6 +646,36 @@ def test_chunked_prefill_varlen_paged(page, causal):
 
 
 @gpu
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128, 192])
+def test_paged_prefill_many_tiles(page, causal, head_dim):
+    """The paged plain kernel (fwd_kernel_sm90's kPaged: two producer warps share each block's TMA boxes) over a
+    few hundred tiles of different lengths: out and LSE bitwise equal to the same call on a contiguous cache (the
+    consumers' code is the plain kernel's; only who issues the loads differs), and each call ran the kernel it
+    should."""
+    require_kernel(head_dim, torch.bfloat16)
+    if not hopper_serves(page):
+        pytest.skip("the Hopper forward's paged kernel: an sm_90 GPU and a build with sm_90a code")
+    torch.manual_seed(page + head_dim + causal)
+    dtype = torch.bfloat16
+    batch, heads, heads_k, seqlen_q, capacity = 3, 16, 4, 700, 3072
+    lens = torch.tensor([3072, 1111, 2049], dtype=torch.int32, device="cuda")
+    q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
+    k_cache, v_cache = (randn(batch, capacity, heads_k, head_dim, dtype=dtype) for _ in range(2))
+    k_pages, v_pages, table = to_pages(k_cache, v_cache, page)
+    (out, lse), names = kernels_run(lambda: flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=lens, causal=causal, return_softmax_lse=True))
+    assert re.search(r"fwd_kernel_sm90<[^()]*, false, false, false>\(", names), names
+    (out_p, lse_p), names_p = kernels_run(lambda: flash_attn_with_kvcache(
+        q, k_pages, v_pages, cache_seqlens=lens, causal=causal, block_table=table, return_softmax_lse=True))
+    assert re.search(r"fwd_kernel_sm90<[^()]*, false, false, true>\(", names_p), names_p
+    assert torch.isfinite(out_p).all()
+    assert torch.equal(out_p, out), max_error(out_p, out)
+    assert torch.equal(lse_p, lse), max_error(lse_p, lse)
+
+
+@gpu
 def test_scheduler_metadata_follows_the_kernel():
     """get_scheduler_metadata's split count is the call's: 1 where the Hopper forward takes a chunked prefill (no
     split workspace), the split plan for pages it does not take."""

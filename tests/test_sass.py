@@ -59,28 +59,30 @@ def _compiled_head_dims():
             if _ops.ext.fwd_head_dim_bucket(d, dtype == torch.bfloat16) == d]
 
 
-def _check_wgmma(kernels, dims, what, extra=0):
-    """Three kernels per (dtype, kernel head dim): the plain one, the extended one (softcap, ALiBi) and dropout's;
-    extra: more plain kernels with other tiles."""
-    expected = 3 * len(dims) + extra
+def _check_wgmma(kernels, dims, what, extra=0, per_dim=3):
+    """per_dim kernels per (dtype, kernel head dim): the plain one, the extended one (softcap, ALiBi) and dropout's,
+    and the forward's paged plain one (per_dim 4); extra: more kernels with other tiles."""
+    expected = per_dim * len(dims) + extra
     assert len(kernels) == expected, f"{len(kernels)} Hopper {what} kernels for {len(dims)} (dtype, head dim)"
     for name, body in kernels.items():
         assert "HGMMA" in body, f"{name}: no HGMMA"
         assert not re.search(r"\bHMMA\b", body), f"{name}: HMMA (mma.sync) in a Hopper kernel"
 
 
-# Head dims with a second plain forward kernel (fwd_short_causal_max_seqlen_q_sm90 in csrc/kernels/sm90/tile_size.h).
+# Head dims with a second plain forward tile (fwd_short_causal_max_seqlen_q_sm90 in csrc/kernels/sm90/tile_size.h):
+# its plain and paged plain kernels.
 SHORT_TILE_HEAD_DIMS = {256}
 
 
 def test_hopper_forward_kernels_use_wgmma():
-    """Every head dim's kernels, and three more per (dtype, head-dim pair) the build has (ext.head_dim_pairs: MLA's
-    (192, 128)), built for each compiled dtype whose pair's q / k head dim is compiled."""
+    """Every head dim's four kernels (plain, extended, dropout, paged plain), two more on a short causal tile, and
+    four per (dtype, head-dim pair) the build has (ext.head_dim_pairs: MLA's (192, 128)), built for each compiled
+    dtype whose pair's q / k head dim is compiled."""
     dims = _compiled_head_dims()
     flat = list(_ops.ext.head_dim_pairs)
-    pair_kernels = sum(3 for d_qk in flat[::2] for dtype, d in dims if d == d_qk)
-    _check_wgmma(_hopper_kernels("fwd_kernel_sm90"), dims, "forward",
-                 extra=sum(d in SHORT_TILE_HEAD_DIMS for _, d in dims) + pair_kernels)
+    pair_kernels = sum(4 for d_qk in flat[::2] for dtype, d in dims if d == d_qk)
+    _check_wgmma(_hopper_kernels("fwd_kernel_sm90"), dims, "forward", per_dim=4,
+                 extra=2 * sum(d in SHORT_TILE_HEAD_DIMS for _, d in dims) + pair_kernels)
 
 
 # Head dims with a second plain backward kernel, ALiBi's (BwdTraitsSm90::kPlainAlibi,
@@ -110,7 +112,9 @@ def test_hopper_plain_kernels_stack(kernel_name):
     over, plain = {}, 0
     for m in re.finditer(r"Function (\S+):\s*\n\s*REG:\d+ STACK:(\d+)", usage):
         name, stack = m.group(1), int(m.group(2))
-        if f"{len(kernel_name)}{kernel_name}I" not in name or not re.search(r"ELb0ELb0EEEvNS_11\w+ArgsSm90", name):
+        # Plain: no softcap / ALiBi, no dropout (the forward's paged plain kernel has a third flag, kPaged).
+        plain_kind = re.search(r"ELb0ELb0E(?:Lb[01]E)?EEvNS_11\w+ArgsSm90", name)
+        if f"{len(kernel_name)}{kernel_name}I" not in name or not plain_kind:
             continue
         plain += 1
         head_dim = int(re.search(r"Sm90(?:Wide)?ILi(\d+)E", name).group(1))

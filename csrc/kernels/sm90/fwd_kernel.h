@@ -31,7 +31,10 @@ namespace flash_attn2 {
 
 // kDropout: the extended kernel with dropout, a kernel of its own so that softcap, ALiBi and windows keep
 // their registers (its draws cost the d 64 / d 256 extended kernels 56 / 172 B of spills: TUNING 53).
-template <class Traits, bool kExtended, bool kDropout = false>
+// kPaged: the plain kernel for a paged cache, whose producer warps 0 and 1 each issue half of a block's TMA boxes
+// (a box is a request of its own: one warp issuing a block's 16 K and 16 V boxes at pages of 16 left the consumers
+// waiting for K; TUNING 178-179). The extended kinds keep one producer warp for paged caches too.
+template <class Traits, bool kExtended, bool kDropout = false, bool kPaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __grid_constant__ FwdArgsSm90<Traits> args) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace sm90;
@@ -69,9 +72,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
   };
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    if (threadIdx.x / 32 != 0) return;
+    static_assert(!kPaged || !kExtended, "the paged kernel is the plain kind's");
+    constexpr int kLoaders = kPaged ? 2 : 1;
+    // The loader's index from a shuffle, so that the loop below branches on a uniform register: as threadIdx.x / 32,
+    // the paged kernel's producer (24 registers) spilled its slot walk and pipeline states (~250 B).
+    int warp = 0;
+    if constexpr (kPaged) {
+      warp = __shfl_sync(0xffffffff, int(threadIdx.x) / 32, 0);
+      if (warp >= kLoaders) return;
+    } else {
+      if (threadIdx.x / 32 != 0) return;
+    }
     const bool leader = cute::elect_one_sync();
-    if (leader) {
+    if (leader && warp == 0) {
       cute::prefetch_tma_descriptor(args.tma_q.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(args.tma_v.get_tma_descriptor());
@@ -81,6 +94,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
       }
     }
     SlotWalk walk = first_walk;
+    // Both loaders walk the same slots: the static walk (a paged call's grid is one block per tile, fwd_launch.h,
+    // and has no tile counter; two warps claiming from one would each take different tiles).
+    if constexpr (kPaged) walk.counter = nullptr;
     PipelineState state, slot_state;
     uint32_t q_phase = 0;
     for (SlotTile next = slot_tile(walk.first()); next.slot < num_slots;) {
@@ -91,7 +107,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
         const BlockRange blocks =
             fwd_block_range<Traits::kBlockM, Traits::kBlockN, kExtended>(Window(seq.len_q, seq.len_k, p), tile.block);
         if (blocks.n_max > blocks.n_min) {
-          if (p.page_table != nullptr) {
+          if constexpr (kPaged) {
+            fwd_produce_tile<Traits, kExtended, true, kLoaders>(args, smem, seq, blocks, tile.bidb, tile.bidh,
+                                                                tile.block, state, q_phase, leader, warp);
+          } else if (p.page_table != nullptr) {
             fwd_produce_tile<Traits, kExtended, true>(args, smem, seq, blocks, tile.bidb, tile.bidh, tile.block, state,
                                                       q_phase, leader);
           } else {
@@ -102,7 +121,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel_sm90(const __
         }
       }
       next = slot_tile(walk.next(claimed));
-      smem.slots.publish(next, slot_state, leader);
+      if (warp == 0) smem.slots.publish(next, slot_state, leader);
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();

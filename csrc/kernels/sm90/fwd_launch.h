@@ -21,6 +21,9 @@ cudaError_t launch_fwd_sm90_traits(const FwdParams& p, const LaunchPlan& plan, c
   if (num_blocks == 0) return cudaSuccess;
   if (num_blocks > INT_MAX) return cudaErrorInvalidValue;
   auto kernel = &fwd_kernel_sm90<Traits, is_extended(kKind), kKind == Kind::kDropout>;
+  if constexpr (kKind == Kind::kPlain) {  // (a ternary would compile the paged kernel for every kind's tile)
+    if (p.page_table != nullptr) kernel = &fwd_kernel_sm90<Traits, false, false, /*kPaged=*/true>;
+  }
   if (cudaError_t err = allow_dynamic_smem(kernel, Traits::kSmemBytes, plan.device)) return err;
   const bool varlen = p.cu_seqlens_q != nullptr;
   const auto shape_q = sm90::tma_shape<true>(p), shape_k = sm90::tma_shape_kv(p, p.head_dim);

@@ -43,11 +43,17 @@ __device__ BlockRange warpgroup_block_range(const Window& window, const BlockRan
 // `leader` issues. Every consumer warpgroup releases every stage, those it skips too (fwd_consume_tile).
 // The pipeline states carry over from tile to tile. kPaged: a paged KV cache's K / V (FwdParams::page_table), an
 // instantiation of its own so that the other calls' producer keeps its registers (24 with two consumer warpgroups).
-template <class Traits, bool kExtended, bool kPaged>
+// kLoaders: how many producer warps issue a paged block's boxes (the paged kernel's 2, each calling this with its
+// `part`); part 0 alone loads Q and arms K's and V's full barriers with the whole block's bytes. A part-1 box may
+// land before part 0's arrival: the transaction count goes below zero, and the phase still waits for the arrival
+// (as a cluster's multicast loads do).
+template <class Traits, bool kExtended, bool kPaged, int kLoaders = 1>
 __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Traits::SharedStorage& smem,
                                  const SeqlenInfo& seq, const BlockRange& blocks, int bidb, int bidh, int m_block,
-                                 PipelineState& state, uint32_t q_phase, bool leader) {
+                                 PipelineState& state, uint32_t q_phase, bool leader, int part = 0) {
   using namespace cute;
+  static_assert(kLoaders == 1 || (kPaged && kLoaders == 2), "two loader warps share a paged block's boxes only");
+  const bool loads_q = kLoaders == 1 || part == 0;  // and arms the full barriers
   const FwdParams& p = args.params;
   const int batch_index = p.cu_seqlens_q != nullptr ? 0 : bidb;
   const int kv_batch_index = p.cu_seqlens_q != nullptr ? 0 : kv_batch_entry(p, bidb);  // a KV cache's kv_batch_idx
@@ -90,9 +96,9 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   // A paged cache: block n_block's rows in boxes of box_rows rows (16 up to the block: the page size's power-of-two
   // divisor, sm90/tile_size.h, as the launcher encoded the descriptors) by one column atom (fwd_traits.h), each
   // box through its page-table entry (clamped to the pages; boxes past the sequence read page 0; rows past it are
-  // masked, their V rows zeroed: fwd_consume_tile), the lanes taking a box each. The leader's expect_tx comes
-  // first, so no box can complete the phase early. Plain offsets into the stage (fwd_traits.h asserts the
-  // layout): the producer has 24 registers.
+  // masked, their V rows zeroed: fwd_consume_tile), the lanes taking a box each. Part 0's leader's expect_tx comes
+  // before its own warp's boxes; the other loader's boxes may land before it (see above). Plain offsets into the
+  // stage (fwd_traits.h asserts the layout): the producer has 24 registers.
   // (Blocks that allow only 16-row boxes keep them compile-time; the others' counts are a shift: box_rows is a
   // power of two.)
   constexpr int kMaxBoxes = Traits::kBlockN / kPagedRows;  // 16-row boxes
@@ -104,12 +110,13 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     constexpr int kCols = decltype(cols)::value, kAtomCols = decltype(atom_cols)::value;
     constexpr int kAtoms = kCols / kAtomCols, kMaxTotal = kMaxBoxes * kAtoms;
     barrier_wait(&empty[state.stage], state.phase ^ 1);
-    if (leader) barrier_expect_tx(&full[state.stage], bytes);
+    if (leader && loads_q) barrier_expect_tx(&full[state.stage], bytes);
     __syncwarp();
     typename Traits::Element* stage_base = stage0 + state.stage * (Traits::kBlockN * kCols);
     CUTE_UNROLL
-    for (int i = 0; i < (kMaxTotal + 31) / 32; ++i) {
-      const int box = int(threadIdx.x % 32) + 32 * i;
+    for (int i = 0; i < (kMaxTotal + 32 * kLoaders - 1) / (32 * kLoaders); ++i) {
+      // Interleaved between the loaders (at d 128 each takes one column atom of every row box).
+      const int box = part + kLoaders * (int(threadIdx.x % 32) + 32 * i);
       if (box < boxes * kAtoms) {
         const int rows = box / kAtoms, atom = box % kAtoms;
         const int row = n_block * Traits::kBlockN + rows * box_rows;  // logical key row
@@ -140,7 +147,7 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
   };
   // The loads below wait for this tile's stages and slabs to free up; until then the tile's first bytes
   // move from DRAM into L2 (short causal tiles spend much of their time at tile boundaries: TUNING 55).
-  if (leader) {
+  if (leader && loads_q) {
     CUTE_UNROLL
     for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {
       prefetch(args.tma_q, tQgQ(_, m_block * Traits::kConsumerWarpgroups + w));
@@ -151,13 +158,15 @@ __device__ void fwd_produce_tile(const FwdArgsSm90<Traits>& args, typename Trait
     }
   }
   load_k(blocks.n_max - 1);
-  CUTE_UNROLL
-  for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {  // in the order the warpgroups free their slabs
-    barrier_wait(&smem.q_empty[w], q_phase ^ 1);
-    if (leader) {
-      barrier_expect_tx(&smem.q_full[w], Traits::kQBytes);
-      copy(args.tma_q.with(smem.q_full[w], 0, TMA::CacheHintSm90::EVICT_FIRST),
-           tQgQ(_, m_block * Traits::kConsumerWarpgroups + w), tQsQ(_, w));
+  if (loads_q) {
+    CUTE_UNROLL
+    for (int w = 0; w < Traits::kConsumerWarpgroups; ++w) {  // in the order the warpgroups free their slabs
+      barrier_wait(&smem.q_empty[w], q_phase ^ 1);
+      if (leader) {
+        barrier_expect_tx(&smem.q_full[w], Traits::kQBytes);
+        copy(args.tma_q.with(smem.q_full[w], 0, TMA::CacheHintSm90::EVICT_FIRST),
+             tQgQ(_, m_block * Traits::kConsumerWarpgroups + w), tQsQ(_, w));
+      }
     }
   }
   load_v(blocks.n_max - 1);
