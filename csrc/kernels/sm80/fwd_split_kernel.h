@@ -669,10 +669,13 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
 
   // Merge: warp w's unnormalized O_w, row max m_w (raw scores) and row sum l_w; with M the rows' max over
   // warps and f_w = exp2((m_w - M) scale log2e): O = sum_w f_w O_w / sum_w f_w l_w, LSE = M scale + log(sum).
+  // A row's weights f_w / sum and its LSE are computed once, by one thread a row, then every element is four
+  // FMAs (4 columns a thread): computed per element, the exps, the division and the log made the merge a chain
+  // that grew with the packed rows (TUNING 180).
   constexpr int kMergeStride = Traits::kMergeStride;  // (floats between rows)
   float* merge_o = reinterpret_cast<float*>(kv_base - warp * 2 * kStages * int(Traits::kChunkSize));  // (4, 16, D)
-  float* merge_m = merge_o + kWarps * kBlockM * kMergeStride;  // (4, 16)
-  float* merge_l = merge_m + kWarps * kBlockM;              // (4, 16)
+  float* merge_m = merge_o + kWarps * kBlockM * kMergeStride;  // (4, 16): m_w, then the weights
+  float* merge_l = merge_m + kWarps * kBlockM;              // (4, 16): l_w, then (row 0's) the LSE
   {
     Tensor O = rowcol_view(acc_o);
     Tensor tOcO = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileQ{})));  // (rows, cols) -> tile coords
@@ -680,6 +683,7 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
     for (int r = 0; r < kRows; ++r) {
       const int row = get<0>(tOcO(r, 0));
       const float sum = quad_allreduce(softmax.row_sum[r], [](float a, float b) { return a + b; });
+      if (row >= tile_rows) continue;  // (decode's 1-8 rows: half the stores)
       if (get<1>(tOcO(r, 0)) == 0) {
         merge_m[warp * kBlockM + row] = softmax.row_max[r];
         merge_l[warp * kBlockM + row] = sum;
@@ -689,45 +693,54 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
     }
   }
   __syncthreads();
+  const bool to_accum = !direct;
+  if (tid < tile_rows) {  // row tid's weights and LSE, over its m_w / l_w (this thread alone reads and writes them)
+    const int row = tid;
+    float m_w[kWarps], f[kWarps], m = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) m_w[w] = merge_m[w * kBlockM + row], m = fmaxf(m, m_w[w]);
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) {
+      f[w] = m == -INFINITY || m_w[w] == -INFINITY ? 0.f : fast_exp2((m_w[w] - m) * softmax.scale_log2);
+      sum += f[w] * merge_l[w * kBlockM + row];
+    }
+    float lse = sum == 0.f ? -INFINITY : m * softmax.scale + logf(sum);
+    float scale = sum == 0.f ? 0.f : 1.f / sum;
+    if (!kCluster && !to_accum) add_sink(lse, scale, sink_logit(params, head_of(row)));  // out directly: the sink
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) merge_m[w * kBlockM + row] = f[w] * scale;
+    merge_l[row] = lse;
+  }
+  __syncthreads();
   float* cluster_o = merge_l + kWarps * kBlockM;       // (16, D): kCluster's result of this split
   float* cluster_lse = cluster_o + kBlockM * kHeadDim;  // (16)
-  const bool to_accum = !direct;
   float* accum_o = params.split_accum;
   float* accum_lse = params.split_accum + (to_accum ? split_lse_offset(params, splits) : 0);
-  for (int idx = tid; idx < tile_rows * kHeadDim; idx += 128) {
-    const int row = idx / kHeadDim, col = idx % kHeadDim;
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, merge_m[w * kBlockM + row]);
-    float sum = 0.f, o = 0.f;
-    if (m != -INFINITY) {
-      CUTE_UNROLL
-      for (int w = 0; w < kWarps; ++w) {
-        const float m_w = merge_m[w * kBlockM + row];
-        const float f = m_w == -INFINITY ? 0.f : fast_exp2((m_w - m) * softmax.scale_log2);
-        sum += f * merge_l[w * kBlockM + row];
-        o += f * merge_o[(w * kBlockM + row) * kMergeStride + col];
-      }
-    }
-    o = sum == 0.f ? 0.f : o / sum;
-    float lse = sum == 0.f ? -INFINITY : m * softmax.scale + logf(sum);
+  constexpr int kVecs = kHeadDim / 4;  // float4s a row (head dims are multiples of 8)
+  for (int idx = tid; idx < tile_rows * kVecs; idx += 128) {
+    const int row = idx / kVecs, col = idx % kVecs * 4;
     if (col >= params.head_dim) continue;
+    float4 o = {0.f, 0.f, 0.f, 0.f};
+    CUTE_UNROLL
+    for (int w = 0; w < kWarps; ++w) {
+      const float g = merge_m[w * kBlockM + row];
+      const float4 x = *reinterpret_cast<const float4*>(merge_o + (w * kBlockM + row) * kMergeStride + col);
+      o.x += g * x.x, o.y += g * x.y, o.z += g * x.z, o.w += g * x.w;
+    }
+    const float lse = merge_l[row];
     if constexpr (kCluster) {  // direct is false here: the launcher clusters fixed-length calls of 2+ splits only
-      cluster_o[row * kHeadDim + col] = o;
+      *reinterpret_cast<float4*>(cluster_o + row * kHeadDim + col) = o;
       if (col == 0) cluster_lse[row] = lse;
       continue;
     }
-    if (!to_accum) {  // the sink, where the tile writes out directly (the combine adds it to partials)
-      float factor = 1.f;
-      add_sink(lse, factor, sink_logit(params, head_of(row)));
-      o *= factor;
-    }
     if (to_accum) {
       const int64_t out_row = split_row(params, split, bidb, head_of(row), query_of(row));
-      accum_o[out_row * params.head_dim + col] = o;
+      *reinterpret_cast<float4*>(accum_o + out_row * params.head_dim + col) = o;
       if (col == 0) accum_lse[out_row] = lse;
     } else {
-      static_cast<Element*>(params.out)[seq.o_offset(params, query_of(row), head_of(row)) + col] = Element(o);
+      Element* dst = static_cast<Element*>(params.out) + seq.o_offset(params, query_of(row), head_of(row)) + col;
+      dst[0] = Element(o.x), dst[1] = Element(o.y), dst[2] = Element(o.z), dst[3] = Element(o.w);
       if (col == 0) params.lse[seq.lse_offset(params, query_of(row), head_of(row))] = lse;
     }
   }
