@@ -113,7 +113,7 @@ def test_hopper_plain_kernels_stack(kernel_name):
     for m in re.finditer(r"Function (\S+):\s*\n\s*REG:\d+ STACK:(\d+)", usage):
         name, stack = m.group(1), int(m.group(2))
         # Plain: no softcap / ALiBi, no dropout (the forward's paged plain kernel has a third flag, kPaged).
-        plain_kind = re.search(r"ELb0ELb0E(?:Lb[01]E)?EEvNS_11\w+ArgsSm90", name)
+        plain_kind = re.search(r"EELb0ELb0E(?:Lb[01]E)?EEvNS_11\w+ArgsSm90", name)
         if f"{len(kernel_name)}{kernel_name}I" not in name or not plain_kind:
             continue
         plain += 1
