@@ -386,7 +386,7 @@ bool cluster_combine_wanted(const FwdParams& p, const SplitShape& shape, int spl
 // The split plan of a split-KV call (heuristics.h); more splits where the cluster combine takes the call
 // (cluster_kv_splits) and still would at the new count.
 int split_count(const FwdParams& p, const SplitShape& shape, const std::string& mode, const DeviceInfo& device) {
-  const int splits = fwd_kv_splits(p, device, shape.tiles, shape.n_blocks);
+  const int splits = fwd_kv_splits(p, device, shape.tiles, shape.n_blocks, shape.narrow);
   if (p.kv_splits > 0 || !cluster_combine_wanted(p, shape, splits, mode, device)) return splits;
   const int more = cluster_kv_splits(shape.tiles, splits, shape.n_blocks, device.num_sms, kMaxClusterSplits);
   return cluster_combine_wanted(p, shape, more, mode, device) ? more : splits;

@@ -165,15 +165,22 @@ inline int deterministic_splits(const BwdParams& p, int num_sms) {
 // one-block plan was mixed (1 x 32k 0.96, 8 x 1k 0.95, 8 x 32k 1.03: 261 against 254 us at 2 splits for 4). Pages
 // of 64 are between: measured in the decode grid only, not in that A/B. Where the narrow kernel fits one block per SM (an A100's 164 KB
 // at d 128) the table-bound plan is two waves: not measured there.
+// narrow: the narrow kernel takes the call. Its pages of a size that is not a multiple of its 16-key chunks (page 1:
+// SGLang's) cost a table lookup a key row instead of one a chunk (fwd_split_kernel.h: one_page_chunks), so b / a
+// is larger and the latency optimum twice the count: H200, h 32 / 8, d 128, page 1, forced splits (TUNING 180): 1 x 4k
+// 14.09 us at 16 against 14.92 at the plan's 8, 1 x 16k 28.10 at 32 against 29.28 at 16, 1 x 1k unchanged (the
+// cluster's count, 8), batch 8 unchanged (a wave's count, 4).
 constexpr int kPagedWaveRows = 64;
 
-inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks) {
+inline int fwd_kv_splits(const FwdParams& p, const DeviceInfo& device, int64_t tiles, int n_blocks,
+                         bool narrow = false) {
   if (p.kv_splits > 0) return std::min(p.kv_splits, kMaxKvSplits);
   const bool table_bound = p.page_table != nullptr && p.page_size < kPagedWaveRows;
   const int64_t slots = (table_bound ? 2 : 1) * int64_t(std::max(device.num_sms, 1));  // a wave's blocks
   if (tiles >= (slots * 4) / 5 || n_blocks <= 4) return 1;
   const int64_t one_wave = slots / std::max<int64_t>(tiles, 1);
-  const int64_t latency_best = std::llround(std::sqrt(double(n_blocks)));
+  const bool per_row_table = narrow && p.page_table != nullptr && p.page_size % 16 != 0;
+  const int64_t latency_best = std::llround(std::sqrt(double(n_blocks))) * (per_row_table ? 2 : 1);
   const int splits = int(std::max<int64_t>(1, std::min<int64_t>({one_wave, latency_best, kMaxKvSplits, n_blocks})));
   const int blocks_per_split = (n_blocks + splits - 1) / splits;
   return (n_blocks + blocks_per_split - 1) / blocks_per_split;

@@ -770,7 +770,8 @@ def test_paged_decode_plans():
     (heuristics.h: kPagedWaveRows; TUNING 148, 152): 8 sequences of 32k at 32 / 8 heads are 64 tiles, 2 splits a
     wave contiguous and with pages of 64 / 256, 4 with pages of 1 / 16 rows, on a GPU of 128-159 SMs (H100, H200:
     132); one sequence of 32k (8 tiles): a wave's SMs / 8 splits, at most the square root of its 512 key blocks
-    (23), which pages of 1 / 16 rows reach."""
+    (23), which pages of 16 rows reach; pages of 1 row (a table lookup a key row) twice that root within the
+    two-block wave (TUNING 180), in splits of equal key blocks."""
     require_kernel(128, torch.bfloat16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if not 128 <= sms < 160:
@@ -782,7 +783,9 @@ def test_paged_decode_plans():
     args.update(batch_size=1, cache_seqlens=torch.zeros(1, dtype=torch.int32, device="cuda"))
     plans = [int(flash_attn2.get_scheduler_metadata(page_size=page, **args)[0]) for page in (None, 256, 16, 1)]
     one_wave = min(sms // 8, 23)
-    assert plans == [one_wave, one_wave, 23, 23], plans
+    per_row = min(2 * sms // 8, 46)
+    per_row = -(-512 // -(-512 // per_row))  # the fewest splits with the same key blocks a split
+    assert plans == [one_wave, one_wave, 23, per_row], plans
 
 
 @gpu
