@@ -648,18 +648,20 @@ def test_chunked_prefill_varlen_paged(page, causal):
 @gpu
 @pytest.mark.parametrize("page", [16, 64, 256])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128, 192])
-def test_paged_prefill_many_tiles(page, causal, head_dim):
+@pytest.mark.parametrize("seqlen_q", [700, 300])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 160, 224, 256])
+def test_paged_prefill_many_tiles(page, causal, seqlen_q, head_dim):
     """The paged plain kernel (fwd_kernel_sm90's kPaged: two producer warps share each block's TMA boxes) over a
     few hundred tiles of different lengths: out and LSE bitwise equal to the same call on a contiguous cache (the
     consumers' code is the plain kernel's; only who issues the loads differs), and each call ran the kernel it
-    should."""
+    should; every forward head dim's tile (d 160: 112-key blocks, 224 / 256: 80, boxes of 16 rows), and d 256's
+    short causal tile (64-key blocks, seqlen_q 300)."""
     require_kernel(head_dim, torch.bfloat16)
     if not hopper_serves(page):
         pytest.skip("the Hopper forward's paged kernel: an sm_90 GPU and a build with sm_90a code")
-    torch.manual_seed(page + head_dim + causal)
+    torch.manual_seed(page + head_dim + causal + seqlen_q)
     dtype = torch.bfloat16
-    batch, heads, heads_k, seqlen_q, capacity = 3, 16, 4, 700, 3072
+    batch, heads, heads_k, capacity = 3, 16, 4, 3072
     lens = torch.tensor([3072, 1111, 2049], dtype=torch.int32, device="cuda")
     q = randn(batch, seqlen_q, heads, head_dim, dtype=dtype)
     k_cache, v_cache = (randn(batch, capacity, heads_k, head_dim, dtype=dtype) for _ in range(2))
