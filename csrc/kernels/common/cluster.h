@@ -55,4 +55,20 @@ __device__ __forceinline__ float cluster_load(const float* local, int rank) {
 #endif
 }
 
+// The four floats at `local` (16-byte aligned, in this block's shared memory) in block `rank`'s shared memory.
+__device__ __forceinline__ float4 cluster_load4(const float* local, int rank) {
+#ifdef FLASH_ATTN2_CLUSTERS
+  const uint32_t remote = cute::set_block_rank(static_cast<uint32_t>(__cvta_generic_to_shared(local)), uint32_t(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+  return v;
+#else
+  __trap();
+  return make_float4(0.f, 0.f, 0.f, 0.f);
+#endif
+}
+
 }  // namespace flash_attn2

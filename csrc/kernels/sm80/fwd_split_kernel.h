@@ -226,52 +226,47 @@ __device__ void split_zero_uncovered(const FwdParams& p, int bidb, int head0, in
 // The cluster combine (kCluster): the cluster's blocks are one tile's key splits (block s of the cluster is split
 // s), each holding its split's normalized O (rows, D) and LSE (rows) in shared memory; block s merges rows s,
 // s + splits, ... of all of them into out and lse, as fwd_combine_kernel does from global memory (csrc/fwd_aux.cu:
-// the same NaN and sink rules), each thread's loads from the peers issued before any is used. Batch-1 decode ends in
-// that combine: ~3.3 us after the split kernel at 1 x 1k (4 splits) on an H200, of an 11 us call (TUNING 148), a
-// chain of launch, L2 round trips and a store that a cluster barrier and a round trip to a neighbour SM replace.
+// the same NaN and sink rules; merged_split_lse and add_weighted_splits, common/split_kv.h), four columns a thread:
+// every split's LSE first, then the O columns in batches of kBatch splits, a batch's loads from the peers in flight
+// together. Batch-1 decode ends in that combine: ~3.3 us after the split kernel at 1 x 1k (4 splits) on an H200, of
+// an 11 us call (TUNING 148), a chain of launch, L2 round trips and a store that a cluster barrier and a round trip to
+// a neighbour SM replace. Its code runs once a block (~2 us of a 7.3 us kernel at 1 x 1k, TUNING 184): per element
+// it was ~1000 SASS instructions; four columns a thread it is ~1050 all the same (the 64-bit offsets, the divisions
+// by pack and splits), but one warp a row instead of four, 2-2.6 % faster at 1 x 4k (TUNING 184).
 template <class Element, int kHeadDim, class QueryOf, class HeadOf>
 __device__ __forceinline__ void cluster_combine(const FwdParams& p, const SplitSeq& seq, const float* cluster_o,
                                                 const float* cluster_lse, int tile_rows, int split, int splits,
                                                 QueryOf query_of, HeadOf head_of) {
-  constexpr int kMaxSplits = kMaxClusterSplits;
+  constexpr int kMaxSplits = kMaxClusterSplits, kBatch = 8, kVecs = kHeadDim / 4;  // head dims: multiples of 8
   cluster_barrier();  // every split's result is in its block's shared memory
   const int rows_mine = split < tile_rows ? (tile_rows - split + splits - 1) / splits : 0;
-  for (int idx = threadIdx.x; idx < rows_mine * kHeadDim; idx += blockDim.x) {
-    const int row = split + (idx / kHeadDim) * splits, col = idx % kHeadDim;
+  for (int idx = threadIdx.x; idx < rows_mine * kVecs; idx += blockDim.x) {
+    const int row = split + (idx / kVecs) * splits, col = idx % kVecs * 4;
     if (col >= p.head_dim) continue;
-    float lse_s[kMaxSplits], o_s[kMaxSplits];
+    float lse_s[kMaxSplits];
     CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) {  // all in flight together
-      if (s < splits) {
-        lse_s[s] = cluster_load(cluster_lse + row, s);
-        o_s[s] = cluster_load(cluster_o + row * kHeadDim + col, s);
-      }
-    }
-    // LSE = log sum_s exp(LSE_s): NaN if a split's is NaN and another's finite, -inf if none is finite.
-    float m = -INFINITY;
-    bool nan_seen = false;
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s >= splits) continue;
-      if (lse_s[s] != lse_s[s]) nan_seen = true;
-      else m = fmaxf(m, lse_s[s]);
-    }
-    float sum = 0.f;
-    CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) {
-      if (s < splits && lse_s[s] != -INFINITY && lse_s[s] == lse_s[s]) sum += expf(lse_s[s] - m);
-    }
-    float lse = m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
+    for (int s = 0; s < kMaxSplits; ++s) lse_s[s] = s < splits ? cluster_load(cluster_lse + row, s) : -INFINITY;
+    float lse = merged_split_lse(lse_s, splits);
     float unused = 1.f;
     add_sink(lse, unused, sink_logit(p, head_of(row)));  // once, here: the splits' LSEs leave the sink out
-    float o = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     if (lse != -INFINITY) {
-      CUTE_UNROLL
-      for (int s = 0; s < kMaxSplits; ++s) {
-        if (s < splits && lse_s[s] != -INFINITY) o += expf(lse_s[s] - lse) * o_s[s];  // a split without keys: skipped
+#pragma unroll 1
+      for (int s0 = 0; s0 < splits; s0 += kBatch) {
+        float lse_b[kBatch];
+        float4 o_b[kBatch];
+        CUTE_UNROLL
+        for (int j = 0; j < kBatch; ++j) {  // past the last split: a repeat, not used
+          const int s = s0 + j < splits ? s0 + j : splits - 1;
+          lse_b[j] = cluster_load(cluster_lse + row, s);
+          o_b[j] = cluster_load4(cluster_o + row * kHeadDim + col, s);
+        }
+        add_weighted_splits(o, lse_b, o_b, splits - s0, lse);
       }
     }
-    static_cast<Element*>(p.out)[seq.o_offset(p, query_of(row), head_of(row)) + col] = Element(o);
+    Element vals[4] = {Element(o.x), Element(o.y), Element(o.z), Element(o.w)};
+    *reinterpret_cast<uint2*>(static_cast<Element*>(p.out) + seq.o_offset(p, query_of(row), head_of(row)) + col) =
+        *reinterpret_cast<const uint2*>(vals);
     if (col == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
   }
   cluster_barrier_relaxed();  // no block leaves, or reuses its shared memory, while a peer reads it
