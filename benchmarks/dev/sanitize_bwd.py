@@ -6,7 +6,8 @@ import torch
 from flash_attn2 import _ops, flash_attn_func, flash_attn_varlen_func
 from flash_attn2.bench.grid import forward_backend
 hopper = torch.cuda.get_device_capability() == (9, 0)
-for d in (32, 64, 128, 160, 256):  # the narrow and wide Hopper backward, the SM80 one's dropout tiles
+for d in (32, 64, 128, 160, 192, 256):  # the narrow and wide Hopper backward (d 192 three warpgroups, d 256 two), the
+    # SM80 one's dropout tiles
     try:  # head dims this build lacks
         flash_attn_func(*(torch.randn(1, 1, 1, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)))
     except NotImplementedError:
