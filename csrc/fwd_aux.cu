@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
     // Up to kCombineBatch splits and 128 columns (decode's plans): every split's LSE and this lane's four columns
     // of its O in one round trip, the LSE from those in registers (each lane holds all of them), then the sum:
     // one wait on L2 where the general path below takes two (the LSEs, then the O rows they weigh). The same
-    // result: LSE's fold in split order, max first.
+    // result: LSE's fold in split order, max first (merged_split_lse, common/split_kv.h).
     const int col = lane * 4;
     float lse_s[kCombineBatch];
     float4 o[kCombineBatch];
@@ -89,20 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32) fwd_combine_kernel(const __grid_c
       const float* o_row = p.split_accum + (s * split_stride + row) * p.head_dim;
       o[j] = col < p.head_dim ? *reinterpret_cast<const float4*>(o_row + col) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    float m = -INFINITY;
-    bool nan_seen = false;
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      if (j >= splits) continue;
-      if (lse_s[j] != lse_s[j]) nan_seen = true;
-      else m = fmaxf(m, lse_s[j]);
-    }
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < kCombineBatch; ++j) {
-      if (j < splits && lse_s[j] != -INFINITY && lse_s[j] == lse_s[j]) sum += expf(lse_s[j] - m);
-    }
-    const float lse = finish_lse(m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum));
+    const float lse = finish_lse(merged_split_lse(lse_s, splits));
     if (col >= p.head_dim) return;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (lse != -INFINITY) add_weighted(acc, lse_s, o, 0, lse);

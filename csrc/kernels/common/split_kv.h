@@ -111,9 +111,9 @@ struct SplitSeq {
 };
 #endif
 
-// ---- Merging split partials (the cluster combine, sm80/fwd_split_kernel.h; fwd_combine_kernel, fwd_aux.cu, spells
-// the same rules out itself: moving it onto these helpers, with the narrow merge's weight-0 skip, measured 1.5-2.3 %
-// slower at 16 x 1k decode, TUNING 184, and was left out) ----
+// ---- Merging split partials (the cluster combine, sm80/fwd_split_kernel.h; merged_split_lse also fwd_combine_kernel's
+// one-trip path, fwd_aux.cu, whose weighted sum stays its own: moving that too, with the narrow merge's weight-0
+// skip, measured 1.5-2.3 % slower at 16 x 1k decode, TUNING 184) ----
 
 // The LSE of `count` splits' partial results (lse_s[0, count); entries past it ignored): log sum_s exp(lse_s), NaN if
 // a split's is NaN and another's finite, -inf if none is finite (no key anywhere). The fold goes in split order, the
