@@ -111,9 +111,8 @@ struct SplitSeq {
 };
 #endif
 
-// ---- Merging split partials (the cluster combine, sm80/fwd_split_kernel.h; merged_split_lse also fwd_combine_kernel's
-// one-trip path, fwd_aux.cu, whose weighted sum stays its own: moving that too, with the narrow merge's weight-0
-// skip, measured 1.5-2.3 % slower at 16 x 1k decode, TUNING 184) ----
+// ---- Merging split partials (fwd_combine_kernel's one-trip path, fwd_aux.cu; the cluster combine,
+// sm80/fwd_split_kernel.h, folds the same way across a warp's lanes) ----
 
 // The LSE of `count` splits' partial results (lse_s[0, count); entries past it ignored): log sum_s exp(lse_s), NaN if
 // a split's is NaN and another's finite, -inf if none is finite (no key anywhere). The fold goes in split order, the
@@ -134,19 +133,6 @@ __device__ __forceinline__ float merged_split_lse(const float (&lse_s)[kMax], in
     if (s < count && lse_s[s] != -INFINITY && lse_s[s] == lse_s[s]) sum += expf(lse_s[s] - m);
   }
   return m == -INFINITY ? -INFINITY : nan_seen ? NAN : m + logf(sum);
-}
-
-// acc += sum over splits j < count of exp(lse_s[j] - lse) o[j]: four columns of the merged O (lse: the merged LSE,
-// finite). A split without keys (LSE -inf) is skipped, its O not read.
-template <int kMax>
-__device__ __forceinline__ void add_weighted_splits(float4& acc, const float (&lse_s)[kMax], const float4 (&o)[kMax],
-                                                    int count, float lse) {
-#pragma unroll
-  for (int j = 0; j < kMax; ++j) {
-    if (j >= count || lse_s[j] == -INFINITY) continue;
-    const float w = expf(lse_s[j] - lse);
-    acc.x += w * o[j].x, acc.y += w * o[j].y, acc.z += w * o[j].z, acc.w += w * o[j].w;
-  }
 }
 
 }  // namespace flash_attn2

@@ -226,48 +226,71 @@ __device__ void split_zero_uncovered(const FwdParams& p, int bidb, int head0, in
 // The cluster combine (kCluster): the cluster's blocks are one tile's key splits (block s of the cluster is split
 // s), each holding its split's normalized O (rows, D) and LSE (rows) in shared memory; block s merges rows s,
 // s + splits, ... of all of them into out and lse, as fwd_combine_kernel does from global memory (csrc/fwd_aux.cu:
-// the same NaN and sink rules; merged_split_lse and add_weighted_splits, common/split_kv.h), four columns a thread:
-// every split's LSE first, then the O columns in batches of kBatch splits, a batch's loads from the peers in flight
-// together. Batch-1 decode ends in that combine: ~3.3 us after the split kernel at 1 x 1k (4 splits) on an H200, of
-// an 11 us call (TUNING 148), a chain of launch, L2 round trips and a store that a cluster barrier and a round trip to
-// a neighbour SM replace. Its code runs once a block (~2 us of a 7.3 us kernel at 1 x 1k, TUNING 184): per element
-// it was ~1000 SASS instructions; four columns a thread it is ~1050 all the same (the 64-bit offsets, the divisions
-// by pack and splits), but one warp a row instead of four, 2-2.6 % faster at 1 x 4k (TUNING 184).
+// the same NaN and sink rules, merged_split_lse's bits). Batch-1 decode ends in that combine: ~3.3 us after the
+// split kernel at 1 x 1k (4 splits) on an H200, of an 11 us call (TUNING 148), a chain of launch, L2 round trips and
+// a store that a cluster barrier and a round trip to a neighbour SM replace. Its code runs once a block (~2 us of a
+// 7.3 us kernel at 1 x 1k, TUNING 184), so its length is its cost: a warp a row, lane s holding split s's LSE and
+// weight (one load, one expf a split, shuffled to the FMAs), the first batch of O columns in flight with the LSEs:
+// ~620 SASS instructions where a thread a row's four columns took ~1040, 0.8-0.9 us off batch-1 calls (TUNING 189).
 template <class Element, int kHeadDim, class QueryOf, class HeadOf>
 __device__ __forceinline__ void cluster_combine(const FwdParams& p, const SplitSeq& seq, const float* cluster_o,
                                                 const float* cluster_lse, int tile_rows, int split, int splits,
                                                 QueryOf query_of, HeadOf head_of) {
-  constexpr int kMaxSplits = kMaxClusterSplits, kBatch = 8, kVecs = kHeadDim / 4;  // head dims: multiples of 8
+  constexpr int kMaxSplits = kMaxClusterSplits, kBatch = 8;
+  static_assert(kMaxSplits <= 32, "a lane holds a split's LSE");
   cluster_barrier();  // every split's result is in its block's shared memory
   const int rows_mine = split < tile_rows ? (tile_rows - split + splits - 1) / splits : 0;
-  for (int idx = threadIdx.x; idx < rows_mine * kVecs; idx += blockDim.x) {
-    const int row = split + (idx / kVecs) * splits, col = idx % kVecs * 4;
-    if (col >= p.head_dim) continue;
-    float lse_s[kMaxSplits];
+  const int lane = threadIdx.x % 32;
+  for (int r = threadIdx.x / 32; r < rows_mine; r += blockDim.x / 32) {  // a warp a row: r warp-uniform
+    const int row = split + r * splits;
+    float4 o_b[kBatch];  // a batch of splits' four columns: (col, splits s0 .. s0 + kBatch - 1)
+    auto load_batch = [&](int col, int s0) {  // past the last split: a repeat, not used; past head_dim: not read
+      CUTE_UNROLL
+      for (int j = 0; j < kBatch; ++j) {
+        const int s = s0 + j < splits ? s0 + j : splits - 1;
+        o_b[j] = col < p.head_dim ? cluster_load4(cluster_o + row * kHeadDim + col, s) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    };
+    load_batch(lane * 4, 0);  // in flight with the LSEs: one round trip to the peers where d <= 128 and splits <= 8
+    // The row's LSE as merged_split_lse folds it (the same bits): lane s holds split s's; the max over lanes (order-
+    // free), then the terms added in split order.
+    const float lse_l = lane < splits ? cluster_load(cluster_lse + row, lane) : -INFINITY;
+    const bool nan_l = lse_l != lse_l;
+    float m = nan_l ? -INFINITY : lse_l;
     CUTE_UNROLL
-    for (int s = 0; s < kMaxSplits; ++s) lse_s[s] = s < splits ? cluster_load(cluster_lse + row, s) : -INFINITY;
-    float lse = merged_split_lse(lse_s, splits);
+    for (int x = 16; x > 0; x /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
+    const bool any_nan = __any_sync(0xffffffffu, nan_l);
+    const float e = lse_l != -INFINITY && !nan_l ? expf(lse_l - m) : 0.f;
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int s = 0; s < kMaxSplits; ++s) sum += __shfl_sync(0xffffffffu, e, s);  // past `splits`: + 0
+    float lse = m == -INFINITY ? -INFINITY : any_nan ? NAN : m + logf(sum);
     float unused = 1.f;
     add_sink(lse, unused, sink_logit(p, head_of(row)));  // once, here: the splits' LSEs leave the sink out
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (lse != -INFINITY) {
+    // Split s's weight exp(LSE_s - LSE), from lane s; a split without keys (LSE_s -inf) is skipped, its O not read.
+    const float w_l = expf(lse_l - lse);
+    const unsigned live = __ballot_sync(0xffffffffu, lane < splits && lse_l != -INFINITY);
+    Element* out = static_cast<Element*>(p.out) + seq.o_offset(p, query_of(row), head_of(row));
+    for (int c0 = 0; c0 < p.head_dim; c0 += 128) {  // warp-uniform (the shuffles); four columns a lane
+      const int col = c0 + lane * 4;
+      const bool in = col < p.head_dim;  // head_dim: a multiple of 8
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (lse != -INFINITY) {
 #pragma unroll 1
-      for (int s0 = 0; s0 < splits; s0 += kBatch) {
-        float lse_b[kBatch];
-        float4 o_b[kBatch];
-        CUTE_UNROLL
-        for (int j = 0; j < kBatch; ++j) {  // past the last split: a repeat, not used
-          const int s = s0 + j < splits ? s0 + j : splits - 1;
-          lse_b[j] = cluster_load(cluster_lse + row, s);
-          o_b[j] = cluster_load4(cluster_o + row * kHeadDim + col, s);
+        for (int s0 = 0; s0 < splits; s0 += kBatch) {
+          if (c0 > 0 || s0 > 0) load_batch(col, s0);  // the first batch is in already
+          CUTE_UNROLL
+          for (int j = 0; j < kBatch; ++j) {
+            const float g = __shfl_sync(0xffffffffu, w_l, s0 + j < splits ? s0 + j : splits - 1);
+            if (s0 + j >= splits || !(live >> (s0 + j) & 1u)) continue;
+            o.x += g * o_b[j].x, o.y += g * o_b[j].y, o.z += g * o_b[j].z, o.w += g * o_b[j].w;
+          }
         }
-        add_weighted_splits(o, lse_b, o_b, splits - s0, lse);
       }
+      Element vals[4] = {Element(o.x), Element(o.y), Element(o.z), Element(o.w)};
+      if (in) *reinterpret_cast<uint2*>(out + col) = *reinterpret_cast<const uint2*>(vals);
     }
-    Element vals[4] = {Element(o.x), Element(o.y), Element(o.z), Element(o.w)};
-    *reinterpret_cast<uint2*>(static_cast<Element*>(p.out) + seq.o_offset(p, query_of(row), head_of(row)) + col) =
-        *reinterpret_cast<const uint2*>(vals);
-    if (col == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
+    if (lane == 0) p.lse[seq.lse_offset(p, query_of(row), head_of(row))] = lse;
   }
   cluster_barrier_relaxed();  // no block leaves, or reuses its shared memory, while a peer reads it
 }
