@@ -1,16 +1,13 @@
 #!/bin/bash
-# The device call for prepared/bwd_wide_dq64.patch and, on top of it, prepared/bwd_wide_order.patch (#49, TUNING
-# 186-187; written in session 16, NOT run on a GPU): D = d 192's dQ in one 64-column GEMM and one hand-off a step;
-# O = D + FA3's step order (dV issued before dS is stored, dQ before dK, dO released after dV; also d 256's plain
-# kernel). Builds on the CPU first (stripped; ~5 min each on two cores):
+# The device call that measured prepared/bwd_wide_dq64.patch (TUNING 186, landed in 190) and, on top of it,
+# prepared/bwd_wide_order.patch (187; measured mixed in 190, not landed). To run the order patch (or a gated version
+# of it) against main now: builds on the CPU first (stripped; ~3-5 min each on two cores):
 #   NAME=uWM D=192,256 bash benchmarks/dev/build_so.sh                                             (main)
-#   git worktree add /tmp/tD HEAD && (cd /tmp/tD && git apply benchmarks/dev/prepared/bwd_wide_dq64.patch)
-#   NAME=uWD D=192 bash benchmarks/dev/build_so.sh /tmp/tD
-#   (cd /tmp/tD && git apply /work/main/benchmarks/dev/prepared/bwd_wide_order.patch)
-#   NAME=uWO D=192,256 bash benchmarks/dev/build_so.sh /tmp/tD
-# then run(command="bash benchmarks/dev/prepared/bwd_wide_dq64.sh", carry=[".whl/uWM", ".whl/uWD", ".whl/uWO"]),
-# ~300 s: the MLA (192, 128) and plain d 192 backward, M D O interleaved twice, d 256 M O; tests and
-# compute-sanitizer (memcheck, racecheck) on O (D's when O is not built: VARIANTS="WM WD").
+#   git worktree add /tmp/tO HEAD && (cd /tmp/tO && git apply benchmarks/dev/prepared/bwd_wide_order.patch)
+#   NAME=uWO D=192,256 bash benchmarks/dev/build_so.sh /tmp/tO
+# then run(command="VARIANTS='WM WO' bash benchmarks/dev/prepared/bwd_wide_dq64.sh", carry=[".whl/uWM", ".whl/uWO"]),
+# ~250 s: the MLA (192, 128) and plain d 192 backward, interleaved twice, d 256; tests and compute-sanitizer
+# (memcheck, racecheck) on the last variant.
 export PYTHONUNBUFFERED=1; R=$PWD; OUT=${OUT:-/tmp/out}; mkdir -p $OUT; L=$OUT/bwd_wide.log
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $L; }
 VARIANTS=${VARIANTS:-WM WD WO}; LAST=${VARIANTS##* }

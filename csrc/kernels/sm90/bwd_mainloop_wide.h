@@ -210,9 +210,9 @@ __device__ void bwd_consume_wide(const BwdArgsSm90<Traits>& args, typename Trait
     cutlass::arch::fence_view_async_shared();  // visible to the wgmma (async proxy)
     named_barrier_sync(kThreads, int(BwdBarrier::kdSWritten));
 
-    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows; then its dQ columns, 32 at a
-    // time, each part's GEMM issued before the last part is staged for the writer warp (wgmma groups
-    // complete in issue order).
+    // dV^T += dO^T P and dK^T += Q^T dS for this warpgroup's head-dim rows; then its dQ columns, kDQPart at a
+    // time (d 192: all 64 at once; d 256: 32), each part's GEMM issued before the last part is staged for the
+    // writer warp (wgmma groups complete in issue order).
     // (Without dV's batch the waits below count one batch fewer ahead of dQ's: still dK's and dQ's in issue order.)
     if (own_dv) wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdVrdO(_, _, _, stage_do), tdVrP, acc_dvt);
     wgmma</*kZeroInit=*/false, /*kWait=*/-1>(mma_dkv, tdKrQ(_, _, _, stage), tdKrdS, acc_dkt);

@@ -219,11 +219,16 @@ struct BwdTraitsSm90
 // kDRows columns, 32 at a time, staged for a TMA reduce-add into dq_accum. One dO stage at both head dims: 80
 // keys per block at d 256 (96 at d 192) leave room for no more (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
 // which bound the 64-key version (L2 at 76% of its throughput).
+// dQ columns per GEMM and staging of the wide shape: d 192's 64 (a warpgroup's whole share: one hand-off to the writer
+// warp a step, as FA3; 16 KB of staging a warpgroup, which d 192's 96-key blocks leave room for), d 256's 32 (two
+// hand-offs a step: its shared memory is full).
+constexpr int bwd_wide_dq_part(int head_dim) { return head_dim == 192 ? 64 : 32; }
+
 template <int kHeadDim_, typename Element_, int kGroups_, int kKeys_>
 struct BwdTraitsSm90Wide
-    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, /*kDQCols=*/32, /*kStagesdO=*/1> {
+    : BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, bwd_wide_dq_part(kHeadDim_), /*kStagesdO=*/1> {
   static constexpr int kConsumerWarpgroups = kGroups_;
-  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, 32, 1>;
+  using Base = BwdLoadTraitsSm90<kHeadDim_, Element_, 64, kKeys_ * kGroups_, 2, bwd_wide_dq_part(kHeadDim_), 1>;
   using Element = Element_;
   static constexpr bool kWide = true, kPlainAlibi = false, kDQFragments = false;
   static constexpr int kHeadDim = kHeadDim_, kBlockM = 64, kBlockN = kKeys_ * kConsumerWarpgroups;
@@ -236,9 +241,12 @@ struct BwdTraitsSm90Wide
   using TileS = cute::Shape<cute::Int<kBlockM>, cute::Int<kKeys>>;               // one warpgroup's S: (queries, its keys)
   using TileKVWarpgroup = cute::Shape<cute::Int<kKeys>, cute::Int<kHeadDim>>;    // its keys of K, V
   using TiledKVt = cute::Shape<cute::Int<kDRows>, cute::Int<kBlockN>>;           // its rows of dK^T, dV^T
-  // dQ = dS K for its kDRows columns in GEMMs of 32 columns, each staged in shared memory (8 KB per
-  // warpgroup: the room left) for the producer's writer warp to add to dq_accum (TMA reduce-add).
-  static constexpr int kDQPart = 32, kDQParts = kDRows / kDQPart;
+  // dQ = dS K for its kDRows columns in GEMMs of kDQPart columns, each staged in shared memory (d 256: 8 KB per
+  // warpgroup, the room left; d 192: 16 KB, its whole share) for the producer's writer warp to add to dq_accum (TMA
+  // reduce-add). Two parts share one staging buffer, so the second waits, inside the step, for the writer to have
+  // sent the first (TUNING 186).
+  static constexpr int kDQPart = Base::kDQCols, kDQParts = kDRows / kDQPart;
+  static_assert(kDRows % kDQPart == 0);
   using TiledQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kDQPart>>;  // one part of its dQ columns
   __device__ static auto dq_tile(int m_block, int w, int part) { return cute::make_coord(m_block, w * kDQParts + part); }
 
