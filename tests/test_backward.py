@@ -24,7 +24,10 @@ def check_grads(grads, ref, ref_pt):
 
 def hopper_backward_built(head_dim, dtype):
     """Whether this GPU and build run the Hopper backward at head_dim (a Hopper build holds the kernel serving
-    each compiled head dim: 160 and 224 run on the 192 and 256 ones, zero-padded)."""
+    each compiled head dim: 160 and 224 run on the 192 and 256 ones, zero-padded). False under
+    FLASH_ATTN2_BACKEND=sm80, which sends every call, the default one included, to the SM80 path."""
+    if os.environ.get("FLASH_ATTN2_BACKEND") == "sm80":
+        return False
     if torch.cuda.get_device_capability() != (9, 0) or "sm_90a" not in flash_attn2._ops.ext.built_archs.split(";"):
         return False
     return next(d for d in HEAD_DIMS if d >= head_dim) in flash_attn2.compiled_head_dims(dtype)
