@@ -4,8 +4,8 @@
 //   S = Q K_w^T, dP = dO V_w^T (its kKeys keys) -> mask -> P = exp2(S scale log2e - LSE log2e),
 //   dS = P o (dP - D) -> shared memory (all warpgroups' keys side by side),
 //   dV^T[w] += dO^T[w] P, dK^T[w] += Q^T[w] dS (its kDRows rows of the head dim, all keys),
-//   dQ[:, w] = dS K[:, w], 32 columns at a time -> shared memory -> dq_accum (the writer warp's TMA
-//   reduce-add of rows; scaled and converted afterwards).
+//   dQ[:, w] = dS K[:, w], kDQPart columns at a time (d 192: its 64 at once; d 256: 32) -> shared memory ->
+//   dq_accum (the writer warp's TMA reduce-add of rows; scaled and converted afterwards).
 #pragma once
 
 #include "sm90/bwd_work.h"
