@@ -126,6 +126,12 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
     for splits in (0, 5):
         flash_attn_with_kvcache(q, k_pages, v_pages, k, v, cache_seqlens=ints(3, 20, 2**31 - 1, -4), block_table=table,
                                 causal=True, num_splits=splits, learnable_sink=torch.randn(8, device="cuda"))
+    for page in (16, 64):  # every chunk on one page (the narrow kernel's one entry a chunk), hostile entries
+        k_pages, v_pages = torch.randn(9, page, 2, d, **bf16), torch.randn(9, page, 2, d, **bf16)
+        table = torch.tensor([[3, -1, -1], [10**6, -5, 8], [0, 1, 2], [-1, -1, -1]], device="cuda", dtype=torch.int32)
+        for splits in (0, 5):
+            flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=ints(3, 40, 2**31 - 1, -4), block_table=table,
+                                    causal=True, num_splits=splits)
 del os.environ["FLASH_ATTN2_SPLIT_COMBINE"]
 torch.cuda.synchronize()
 print("kvcache, cluster combine: ok")

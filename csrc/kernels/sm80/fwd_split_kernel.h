@@ -45,9 +45,10 @@ struct FwdSplitTraits : CommonTraits<kHeadDim, Element, Tile::kNWarps> {
   static_assert(kClusterBytes <= kSmemBytes, "the cluster combine reuses the tile's shared memory");
 };
 
-// A tensor's layout over another buffer of the same shape: a stage's partition from stage 0's.
-template <class Tensor>
-__device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
+// A tensor's layout over another buffer of the same shape: a stage's partition from stage 0's, a paged chunk's from
+// the head's first chunk.
+template <class Tensor, class Offset>
+__device__ __forceinline__ auto at_offset(Tensor const& t, Offset offset) {
   return cute::make_tensor(t.data() + offset, t.layout());
 }
 
@@ -59,64 +60,35 @@ __device__ __forceinline__ auto at_offset(Tensor const& t, int offset) {
 // paged blocks streaming at less than half a contiguous block's rate, TUNING 145). Rows past len_k read the entry of
 // row0 (the stage's first row, below len_k whenever a stage is loaded) and copy nothing, so a table's padding (-1)
 // is never dereferenced; entries are clamped to the pages (clamp_page).
-// kOnePage (the narrow kernel, where every 16-row chunk lies on one page: one_page_chunks): a chunk reads one entry
-// and steps its rows from that page's first: paged batch-1 decode paid ~0.2 us a chunk over contiguous in the
-// per-row lookups' address work (shift, entry, clamp, two 64-bit products a row: TUNING 155 / 164), not in the
-// entry's latency. A compile-time choice, made once a tile: tested chunk by chunk, the compiler predicated the
-// one-page copies (~170 instructions) into every paged chunk's path, and pages of one row ran 4-7 % slower at
-// batch 1 (TUNING 169).
-template <int kTileRows, bool kOnePage, class Element, class DstK, class DstV, class Coord>
+// (The narrow kernel's chunks that lie on one page take one entry a chunk instead: load_chunk there.)
+template <class Element, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_paged(const FwdParams& p, const SplitSeq& seq, const Element* k, const Element* v,
                                            DstK&& sk, DstV&& sv, Coord const& coord, int row0) {
   using namespace cute;
   constexpr int kRows = decltype(size<1>(sk))::value;
-  // (The narrow kernel only: the 64-row kernel's extended cluster variant spilled 24 B with both paths.)
-  static_assert(!kOnePage || kTileRows <= 16, "one entry a chunk: the narrow kernel's 16-row chunks");
-  if constexpr (kOnePage) {
-    const PageSlot first = page_slot(p, seq.k_row0 + row0);  // first.row + kTileRows <= page_size
-    const int64_t page = clamp_page(p, seq.pages[first.column]);
-    const Element* k_page = k + page * p.k_batch_stride + int64_t(first.row) * p.k_row_stride;
-    const Element* v_page = v + page * p.v_batch_stride + int64_t(first.row) * p.v_row_stride;
+  int entry[kRows], on_page[kRows];
+  CUTE_UNROLL
+  for (int m = 0; m < kRows; ++m) {
+    const int row = row0 + get<0>(coord(0, m, 0));
+    const PageSlot slot = page_slot(p, seq.k_row0 + (row < seq.len_k ? row : row0));
+    entry[m] = seq.pages[slot.column];
+    on_page[m] = slot.row;
+  }
+  CUTE_UNROLL
+  for (int m = 0; m < kRows; ++m) {
+    const bool row_ok = row0 + get<0>(coord(0, m, 0)) < seq.len_k;
+    const int64_t page = clamp_page(p, entry[m]);
+    // The row's address once, its columns as offsets from it (the copies' immediates).
+    const Element* k_row = k + (page * p.k_batch_stride + on_page[m] * p.k_row_stride);
+    const Element* v_row = v + (page * p.v_batch_stride + on_page[m] * p.v_row_stride);
     CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      const int r = get<0>(coord(0, m, 0));  // the row in the stage, on the page past `first`
-      const bool row_ok = row0 + r < seq.len_k;
-      CUTE_UNROLL
-      for (int c = 0; c < size<2>(sk); ++c) {
-        const int col = get<1>(coord(0, m, c));
-        const bool ok = row_ok && col < p.head_dim;
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-            *reinterpret_cast<const uint128_t*>(k_page + r * p.k_row_stride + col),
-            *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(
-            *reinterpret_cast<const uint128_t*>(v_page + r * p.v_row_stride + col),
-            *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
-      }
-    }
-  } else {
-    int entry[kRows], on_page[kRows];
-    CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      const int row = row0 + get<0>(coord(0, m, 0));
-      const PageSlot slot = page_slot(p, seq.k_row0 + (row < seq.len_k ? row : row0));
-      entry[m] = seq.pages[slot.column];
-      on_page[m] = slot.row;
-    }
-    CUTE_UNROLL
-    for (int m = 0; m < kRows; ++m) {
-      const bool row_ok = row0 + get<0>(coord(0, m, 0)) < seq.len_k;
-      const int64_t page = clamp_page(p, entry[m]);
-      const int64_t k_off = page * p.k_batch_stride + on_page[m] * p.k_row_stride;
-      const int64_t v_off = page * p.v_batch_stride + on_page[m] * p.v_row_stride;
-      CUTE_UNROLL
-      for (int c = 0; c < size<2>(sk); ++c) {
-        const int col = get<1>(coord(0, m, c));
-        const bool ok = row_ok && col < p.head_dim;
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(k + k_off + col),
-                                                          *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
-        SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(v + v_off + col),
-                                                          *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
-      }
+    for (int c = 0; c < size<2>(sk); ++c) {
+      const int col = get<1>(coord(0, m, c));
+      const bool ok = row_ok && col < p.head_dim;
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(k_row + col),
+                                                        *reinterpret_cast<uint128_t*>(&sk(0, m, c)), ok);
+      SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<uint128_t>::copy(*reinterpret_cast<const uint128_t*>(v_row + col),
+                                                        *reinterpret_cast<uint128_t*>(&sv(0, m, c)), ok);
     }
   }
 }
@@ -153,14 +125,13 @@ __device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq
 // Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
 // one tile, its rows checked against the sequence's end (zeros past len_k: a cache's unused rows, whatever they
 // hold, never reach a score or P V).
-template <int kRows, class Element, bool kOnePage = false, class Copy, class SrcK, class SrcV, class DstK, class DstV,
-          class Coord>
+template <int kRows, class Element, class Copy, class SrcK, class SrcV, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq& seq, int bidh_k, const Copy& copy,
                                              const SrcK& gk, const SrcV& gv, DstK&& sk, DstV&& sv, const Coord& coord,
                                              int row0) {
   const int rows_left = seq.len_k - row0;
-  if (kOnePage || seq.pages != nullptr) {
-    load_paged<kRows, kOnePage>(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
+  if (seq.pages != nullptr) {
+    load_paged(p, seq, static_cast<const Element*>(p.k) + bidh_k * p.k_head_stride,
                static_cast<const Element*>(p.v) + bidh_k * p.v_head_stride, sk, sv, coord, row0);
   } else {
     // Rows always checked: with an unchecked version for whole tiles beside it, the compiler predicated both sets
@@ -606,14 +577,32 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
   // This warp's i-th chunk of the split, into stage i % kStages; the sequence's last chunk may be cut (zeros).
   auto chunk_of = [&](int i) { return mine.begin + warp + kWarps * i; };
   // one_page: every chunk lies on one page (pages of a multiple of 16 rows, the keys starting on a 16-row boundary
-  // of one): one table entry a chunk (load_paged's kOnePage). The loads and the chunk loop are compiled once for each
-  // answer, so that the other paths carry none of its instructions.
+  // of one): one table entry a chunk, and the chunk's copies are the contiguous cache's (the head's first chunk,
+  // tKgK(_, _, _, 0): seq.k_offset is 0 when paged) moved to the page's rows: one 64-bit base a tensor, each row's
+  // address a register and its columns in the copies' immediates. Paged batch-1 decode had paid ~0.2 us a chunk over
+  // contiguous (TUNING 155 / 164) in each copy's own 64-bit address (r x row stride + col, then scaled: 5
+  // instructions a copy, 16 copies: +15 % of the kernel's instructions at 1 x 4k, TUNING 194). The loads and the
+  // chunk loop are compiled once for each answer, so that the other paths carry none of its instructions (tested
+  // chunk by chunk, the compiler predicated the one-page copies into every paged chunk's path and pages of one row
+  // ran 4-7 % slower: TUNING 169).
   const bool one_page_chunks = seq.pages != nullptr && params.page_size % kChunk == 0 && seq.k_row0 % kChunk == 0;
   auto load_chunk = [&](int i, auto one_page) {
     const int n = chunk_of(i), offset = (i % kStages) * int(Traits::kChunkSize);
-    load_kv_rows<kChunk, Element, decltype(one_page)::value>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n),
-                                                             tVgV(_, _, _, n), at_offset(tKsK, offset),
-                                                             at_offset(tVsV, offset), tKVcKV, n * kChunk);
+    if constexpr (decltype(one_page)::value) {
+      // The chunk's first row and its page (first.row + kChunk <= page_size); rows past len_k copy nothing.
+      const PageSlot first = page_slot(params, seq.k_row0 + n * kChunk);
+      const int64_t page = clamp_page(params, seq.pages[first.column]);
+      const int rows_left = seq.len_k - n * kChunk;
+      load_tile<true>(gmem_copy,
+                      at_offset(tKgK(_, _, _, 0), page * params.k_batch_stride + first.row * params.k_row_stride),
+                      at_offset(tKsK, offset), tKVcKV, rows_left, params.head_dim);
+      load_tile<true>(gmem_copy,
+                      at_offset(tVgV(_, _, _, 0), page * params.v_batch_stride + first.row * params.v_row_stride),
+                      at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
+    } else {
+      load_kv_rows<kChunk, Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n), tVgV(_, _, _, n),
+                                    at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n * kChunk);
+    }
   };
   auto prologue = [&](auto one_page) {
     CUTE_UNROLL
