@@ -30,12 +30,27 @@ struct Alibi {
   float slope;  // 0 without ALiBi
   int len_q, len_k;
   bool key_only;
+  int key_pin = 0;  // the key-only form's keys counted from here (pinned())
 
   __device__ Alibi(const FwdParams& p, int len_q_, int len_k_, int bidb, int bidh)
       : slope(p.alibi_slopes == nullptr ? 0.f
                                         : p.alibi_slopes[bidb * p.alibi_slopes_batch_stride + bidh] /
                                               (p.softcap > 0.f ? p.softcap : p.softmax_scale)),
         len_q(len_q_), len_k(len_k_), key_only(p.causal && p.window_left < 0) {}
+
+  // The key-only form pinned at key `pin`: slope (j - pin) instead of slope j, the same softmax, each row's LSE
+  // lower by slope x pin (natural units, the call's slope; the kernel adds it back). Valid for keys j <= pin: a
+  // tile's visible keys when pin is the last diagonal of its rows. Held scores then lie near 0 where a row's weight
+  // is (its diagonal) instead of near slope x len_k: there the online softmax's rescales, one a key block, each
+  // rounded at ulp(row max), had cost the SM80 forward's LSE up to 1.4e-3 at |LSE| ~ 900 (d 160, 32-key blocks;
+  // TUNING 191 / 194). Stated as -slope |j - pin| (tile()'s |.| form: the slope negated, the keys shifted), so
+  // the per-score code is the unpinned one's; for tile() / apply(S, coord, row0, col0) only (not the Hopper
+  // forward's split form below). Nothing changes where the bias is not key-only.
+  __device__ Alibi pinned(int pin) const {
+    Alibi a = *this;
+    if (key_only) a.slope = -slope, a.key_pin = pin;
+    return a;
+  }
 
   // The bias over one thread's fragment of a tile, as a function of the fragment's indices: coord its tile
   // coordinates (mode kQueryMode the query's, the other the key's), q0 and k0 the tile's first query and key.
@@ -47,7 +62,7 @@ struct Alibi {
   __device__ auto tile(Coord const& coord, int q0, int k0) const {
     constexpr int kKeyMode = 1 - kQueryMode;
     const int q = q0 + cute::get<kQueryMode>(coord(0, 0)), k = k0 + cute::get<kKeyMode>(coord(0, 0));
-    const float base = key_only ? -float(k) : float((q - len_q) + (len_k - k));
+    const float base = key_only ? -float(k - key_pin) : float((q - len_q) + (len_k - k));
     const float coef = key_only ? slope : -slope, q_coef = key_only ? 0.f : 1.f;
     return [=, &coord](int r, int c) {
       const int dq = cute::get<kQueryMode>(coord(r, c)) - cute::get<kQueryMode>(coord(0, 0));
@@ -68,7 +83,7 @@ struct Alibi {
     }
   }
 
-  // The Hopper forward's form, the bias split as S + bias = S' + shift[r]: where a warp's scores all lie on
+  // The Hopper forward's form (unpinned), the bias split as S + bias = S' + shift[r]: where a warp's scores all lie on
   // one side of the diagonal (always, key-only), coef |x| = sgn (x_r - dk) is linear, x_r = base + q_coef dq
   // the row's part, so S' = S - sgn dk costs one FFMA per score and shift[r] = sgn x_r goes into the online
   // softmax's row max and exp2 offset (OnlineSoftmax::update_scores), instead of the bias's FADD, FMUL and

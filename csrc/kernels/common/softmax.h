@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -13,6 +14,9 @@
 #include "common/utils.h"
 
 namespace flash_attn2 {
+
+// finalize's default: no per-row LSE shift.
+struct NoLseShift {};
 
 template <int kRows>
 struct OnlineSoftmax {
@@ -65,13 +69,16 @@ struct OnlineSoftmax {
 
   // Normalizes O and returns each row's natural-log LSE; a row that saw no key gets O = 0, LSE = -inf (the sink,
   // with one). sink(r): row r's attention sink (common/sink.h), -inf for none; NoSink emits nothing.
-  template <class TensorO, class Sink = NoSink>
-  __device__ void finalize(TensorO& O, float (&lse)[kRows], Sink sink = {}) const {
+  // lse_shift(r): added to row r's LSE before the sink enters, for scores held shifted by a constant per row
+  // (Alibi::pinned; a sink is a logit of the unshifted scores); NoLseShift adds nothing.
+  template <class TensorO, class Sink = NoSink, class LseShift = NoLseShift>
+  __device__ void finalize(TensorO& O, float (&lse)[kRows], Sink sink = {}, LseShift lse_shift = {}) const {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_allreduce(row_sum[r], [](float a, float b) { return a + b; });
       float inv = sum == 0.f ? 0.f : __fdividef(1.f, sum);
       lse[r] = sum == 0.f ? -INFINITY : row_max[r] * scale + logf(sum);
+      if constexpr (!std::is_same_v<LseShift, NoLseShift>) lse[r] += lse_shift(r);  // -inf stays -inf
       add_sink(lse[r], inv, sink(r));
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(O); ++c) O(r, c) *= inv;
