@@ -56,8 +56,8 @@ struct Alibi {
   // coordinates (mode kQueryMode the query's, the other the key's), q0 and k0 the tile's first query and key.
   // Every element's coordinates differ from element (0, 0)'s by a compile-time constant once the loops
   // unroll, so only the base is converted to float: an int-to-float per score runs at MUFU's quarter rate.
-  // Both forms are coef * |base + q_coef * dq - dk| (key-only: base -key, q_coef 0, coef +slope), exact while
-  // the indices stay below 2^24.
+  // Both forms are coef * |base + q_coef * dq - dk| (key-only: base -(key - key_pin), q_coef 0, coef +slope, or
+  // -slope pinned), exact while the indices stay below 2^24.
   template <int kQueryMode = 0, class Coord>
   __device__ auto tile(Coord const& coord, int q0, int k0) const {
     constexpr int kKeyMode = 1 - kQueryMode;
@@ -83,7 +83,7 @@ struct Alibi {
     }
   }
 
-  // The Hopper forward's form (unpinned), the bias split as S + bias = S' + shift[r]: where a warp's scores all lie on
+  // The Hopper forward's form (unpinned only: it reads neither key_pin nor a pinned slope's sign), the bias split as S + bias = S' + shift[r]: where a warp's scores all lie on
   // one side of the diagonal (always, key-only), coef |x| = sgn (x_r - dk) is linear, x_r = base + q_coef dq
   // the row's part, so S' = S - sgn dk costs one FFMA per score and shift[r] = sgn x_r goes into the online
   // softmax's row max and exp2 offset (OnlineSoftmax::update_scores), instead of the bias's FADD, FMUL and
