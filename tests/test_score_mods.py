@@ -125,6 +125,27 @@ def test_alibi_causal_lse_steep_slopes(head_dim, dtype, backend, monkeypatch):
     check_out(out, lse, lambda up: attention_ref(q, k, v, True, upcast=up, **kwargs))
 
 
+@pytest.mark.parametrize("backend", ["default", "sm80"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_alibi_with_sink(head_dim, causal, backend, monkeypatch):
+    """A sink is one more logit of the call's scores (ALiBi's key-only form under causal: flash-attn's LSE). With
+    steep slopes that LSE is ~700 and the sink's weight ~0; the SM80 forward holds causal ALiBi pinned at each
+    tile's diagonal (an LSE near 0 there) and must add the pin's shift back before the sink enters, or the sink
+    would take a visible share of every row (Alibi::pinned, OnlineSoftmax::finalize)."""
+    dtype = torch.bfloat16
+    require_kernel(head_dim, dtype)
+    if backend == "sm80":
+        require_sm80()
+        monkeypatch.setenv("FLASH_ATTN2_BACKEND", "sm80")
+    q, k, v = dense_inputs(2, 300, 700, 8, 2, head_dim, dtype)
+    slopes = torch.ones(2, 8, device="cuda")
+    sink = torch.randn(8, device="cuda") + 3.0
+    out, lse, _ = flash_attn2.flash_attn_func(q, k, v, causal=causal, alibi_slopes=slopes, learnable_sink=sink,
+                                              return_attn_probs=True)
+    check_out(out, lse, lambda up: attention_ref(q, k, v, causal, upcast=up, alibi_slopes=slopes, sink=sink))
+
+
 def test_alibi_public_api():
     """flash_attn_func's alibi_slopes through autograd, causal (flash-attn's +slope * j form, so the LSE too)."""
     dtype = torch.bfloat16
