@@ -34,9 +34,13 @@ struct Alibi {
 
   __device__ Alibi(const FwdParams& p, int len_q_, int len_k_, int bidb, int bidh)
       : slope(p.alibi_slopes == nullptr ? 0.f
-                                        : p.alibi_slopes[bidb * p.alibi_slopes_batch_stride + bidh] /
-                                              (p.softcap > 0.f ? p.softcap : p.softmax_scale)),
+                                        : call_slope(p, bidb, bidh) / (p.softcap > 0.f ? p.softcap : p.softmax_scale)),
         len_q(len_q_), len_k(len_k_), key_only(p.causal && p.window_left < 0) {}
+
+  // The call's slope of (batch bidb, query head bidh), as passed (natural units); 0 without ALiBi.
+  __device__ static float call_slope(const FwdParams& p, int bidb, int bidh) {
+    return p.alibi_slopes == nullptr ? 0.f : p.alibi_slopes[bidb * p.alibi_slopes_batch_stride + bidh];
+  }
 
   // The key-only form pinned at key `pin`: slope (j - pin) instead of slope j, the same softmax, each row's LSE
   // lower by slope x pin (natural units, the call's slope; the kernel adds it back). Valid for keys j <= pin: a
@@ -83,7 +87,8 @@ struct Alibi {
     }
   }
 
-  // The Hopper forward's form (unpinned only: it reads neither key_pin nor a pinned slope's sign), the bias split as S + bias = S' + shift[r]: where a warp's scores all lie on
+  // The Hopper forward's form (unpinned only: it reads neither key_pin nor a pinned slope's sign), the bias split
+  // as S + bias = S' + shift[r]: where a warp's scores all lie on
   // one side of the diagonal (always, key-only), coef |x| = sgn (x_r - dk) is linear, x_r = base + q_coef dq
   // the row's part, so S' = S - sgn dk costs one FFMA per score and shift[r] = sgn x_r goes into the online
   // softmax's row max and exp2 offset (OnlineSoftmax::update_scores), instead of the bias's FADD, FMUL and

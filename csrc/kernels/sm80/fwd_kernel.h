@@ -170,7 +170,7 @@ __device__ __forceinline__ void fwd_tile(const FwdParams& params, const SeqlenIn
       // slope x pin, with the call's slope (read again: the held one is over the scale, and negated).
       const float shift = params.alibi_slopes == nullptr || !alibi.key_only
                               ? 0.f
-                              : params.alibi_slopes[bidb * params.alibi_slopes_batch_stride + bidh] * float(alibi_pin);
+                              : Alibi::call_slope(params, bidb, bidh) * float(alibi_pin);
       softmax.finalize(O, row_lse, [sink](int) { return sink; }, [shift](int) { return shift; });
     } else {
       softmax.finalize(O, row_lse, [sink](int) { return sink; });

@@ -122,10 +122,10 @@ __device__ __forceinline__ void gather_q(const FwdParams& p, const SplitSeq& seq
   if constexpr (kAsync) cute::cp_async_fence();
 }
 
-// Key rows [row0, row0 + kRows) of the sequence into a K and a V stage: through the page table (load_paged), or as
-// one tile, its rows checked against the sequence's end (zeros past len_k: a cache's unused rows, whatever they
+// A stage's key rows of the sequence, from row0, into a K and a V stage: through the page table (load_paged), or
+// as one tile, its rows checked against the sequence's end (zeros past len_k: a cache's unused rows, whatever they
 // hold, never reach a score or P V).
-template <int kRows, class Element, class Copy, class SrcK, class SrcV, class DstK, class DstV, class Coord>
+template <class Element, class Copy, class SrcK, class SrcV, class DstK, class DstV, class Coord>
 __device__ __forceinline__ void load_kv_rows(const FwdParams& p, const SplitSeq& seq, int bidh_k, const Copy& copy,
                                              const SrcK& gk, const SrcV& gv, DstK&& sk, DstV&& sv, const Coord& coord,
                                              int row0) {
@@ -324,8 +324,8 @@ __device__ __forceinline__ void fwd_split_tile(const FwdParams& params, const Sp
   // rows, whatever they hold, never reach a score or P V).
   auto load_kv = [&](int n_block) {  // block n into stage n % kStages
     const int offset = (n_block % kStages) * int(Traits::kKVSize);
-    load_kv_rows<kBlockN, Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n_block), tVgV(_, _, _, n_block),
-                                   at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n_block * kBlockN);
+    load_kv_rows<Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n_block), tVgV(_, _, _, n_block),
+                          at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n_block * kBlockN);
   };
 
   typename Traits::TiledMma mma;
@@ -600,8 +600,8 @@ __device__ __forceinline__ void fwd_split_narrow_tile(const FwdParams& params, c
                       at_offset(tVgV(_, _, _, 0), page * params.v_batch_stride + first.row * params.v_row_stride),
                       at_offset(tVsV, offset), tKVcKV, rows_left, params.head_dim);
     } else {
-      load_kv_rows<kChunk, Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n), tVgV(_, _, _, n),
-                                    at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n * kChunk);
+      load_kv_rows<Element>(params, seq, bidh_k, gmem_copy, tKgK(_, _, _, n), tVgV(_, _, _, n),
+                            at_offset(tKsK, offset), at_offset(tVsV, offset), tKVcKV, n * kChunk);
     }
   };
   auto prologue = [&](auto one_page) {
