@@ -435,6 +435,35 @@ def test_paged_table_padding_and_strides(page, num_splits):
 
 
 @gpu
+@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_paged_long_splits(page, num_splits):
+    """Splits of thousands of keys on pages of a multiple of 16 rows: the narrow kernel's one-page chunks take their
+    table entries from each warp's ring of two 32-chunk windows, refilled every 32 chunks: 9000 keys in one split are
+    141 chunks a warp (five windows). Randomly permuted pages, a -1-padded table, lengths that end mid-page."""
+    require_kernel(128, torch.bfloat16)
+    batch, heads, heads_k, d = 3, 4, 2, 128
+    lens = [9000, 33, 4100 + page // 2]
+    max_pages = (max(lens) + page - 1) // page + 2
+    num_pages = batch * max_pages + 3
+    k_pages = randn(num_pages, page, heads_k, d, dtype=torch.bfloat16)
+    v_pages = randn(num_pages, page, heads_k, d, dtype=torch.bfloat16)
+    perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
+    table = torch.full((batch, max_pages), -1, dtype=torch.int32, device="cuda")
+    for b, n in enumerate(lens):
+        used = (n + page - 1) // page
+        table[b, :used] = perm[b * max_pages: b * max_pages + used]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = randn(batch, 1, heads, d, dtype=torch.bfloat16)
+    out = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table,
+                                  num_splits=num_splits)
+    dense_k, dense_v = from_pages(k_pages, table.clamp(min=0)), from_pages(v_pages, table.clamp(min=0))
+    for b, n in enumerate(lens):
+        ref = attention_ref(q[b:b + 1], dense_k[b:b + 1, :n], dense_v[b:b + 1, :n])[0]
+        assert max_error(out[b:b + 1], ref) <= 2e-2, (b, n)
+
+
+@gpu
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("call", ["vllm", "vllm_cu_seqlens_k", "sglang"])
 @pytest.mark.parametrize("causal", [False, True])
