@@ -2,7 +2,8 @@
 # The device call for TUNING 200 (the page-table entries of one-page chunks from each warp's ring in shared memory,
 # staged in the chunk groups the loop already waits for): G = main's split kernel, Q = the ring. Builds on the CPU:
 #   FLASH_ATTN2_SM80=1 NAME=uG D=128 bash benchmarks/dev/build_so.sh           (main)
-#   FLASH_ATTN2_SM80=1 NAME=uQ D=128 bash benchmarks/dev/build_so.sh TREE      (TREE: main + the ring)
+#   git worktree add /tmp/tR HEAD && (cd /tmp/tR && git apply $PWD/benchmarks/dev/prepared/paged_ring.patch)
+#   FLASH_ATTN2_SM80=1 NAME=uQ D=128 bash benchmarks/dev/build_so.sh /tmp/tR   (main + the ring, Q2 form: TUNING 201)
 # then run(command="bash benchmarks/dev/prepared/paged_ring.sh", carry=[".whl/uG", ".whl/uQ"]), ~150 s:
 # paged_probe (G Q G Q), the kv-cache tests and sanitize_fwd (memcheck, racecheck) on Q.
 export PYTHONUNBUFFERED=1; R=$PWD; OUT=${OUT:-/tmp/out}; mkdir -p $OUT; L=$OUT/paged_ring.log
