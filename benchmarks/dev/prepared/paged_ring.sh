@@ -1,11 +1,15 @@
 #!/bin/bash
-# The device call for TUNING 200 (the page-table entries of one-page chunks from each warp's ring in shared memory,
-# staged in the chunk groups the loop already waits for): G = main's split kernel, Q = the ring. Builds on the CPU:
-#   FLASH_ATTN2_SM80=1 NAME=uG D=128 bash benchmarks/dev/build_so.sh           (main)
+# The device call for TUNING 203 (prepared in session 19, NOT run on a GPU): the narrow split kernel's one-page chunks
+# read their page-table entries from a ring per warp in shared memory, staged a 32-chunk window at a time outside the
+# chunk loop's body (prepared/paged_ring.patch). G = main's split kernel, Q = the ring. Builds on the CPU (~5 min):
+#   FLASH_ATTN2_SM80=1 NAME=uG D=128 bash benchmarks/dev/build_so.sh                                  (main)
 #   git worktree add /tmp/tR HEAD && (cd /tmp/tR && git apply $PWD/benchmarks/dev/prepared/paged_ring.patch)
-#   FLASH_ATTN2_SM80=1 NAME=uQ D=128 bash benchmarks/dev/build_so.sh /tmp/tR   (main + the ring, Q2 form: TUNING 201)
-# then run(command="bash benchmarks/dev/prepared/paged_ring.sh", carry=[".whl/uG", ".whl/uQ"]), ~150 s:
-# paged_probe (G Q G Q), the kv-cache tests and sanitize_fwd (memcheck, racecheck) on Q.
+#   FLASH_ATTN2_SM80=1 NAME=uQ D=64,128 bash benchmarks/dev/build_so.sh /tmp/tR
+# then run(command="bash benchmarks/dev/prepared/paged_ring.sh", carry=[".whl/uG", ".whl/uQ"]), ~190 s:
+# paged_probe (G Q G Q), the kv-cache tests (with test_paged_long_splits) and sanitize_fwd (memcheck, racecheck) on Q.
+# Prediction: 1 x 4k pages of 16 1.11 -> ~1.05 of contiguous, pages of 64 / 256 at main's (1.04-1.05) or better,
+# 1 x 32k pages of 16 not worse than main's 1.075. Land if pages of 16 at 1 x 4k are >= 2 % faster in both rounds
+# and no cell is >= 1 % slower in both.
 export PYTHONUNBUFFERED=1; R=$PWD; OUT=${OUT:-/tmp/out}; mkdir -p $OUT; L=$OUT/paged_ring.log
 T0=$(date +%s); el() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a $L; }
 for x in G Q G Q; do
