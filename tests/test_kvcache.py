@@ -435,12 +435,12 @@ def test_paged_table_padding_and_strides(page, num_splits):
 
 
 @gpu
-@pytest.mark.parametrize("page", [16, 32, 64])
+@pytest.mark.parametrize("page", [16, 32, 64, 1, 7])
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_paged_long_splits(page, num_splits):
-    """Splits of thousands of keys on pages of a multiple of 16 rows: the narrow kernel's one-page chunks take their
-    table entries from each warp's ring of two 32-chunk windows, refilled every 32 chunks: 9000 keys in one split are
-    141 chunks a warp (five windows). Randomly permuted pages, a -1-padded table, lengths that end mid-page."""
+    """Splits of thousands of keys: 9000 keys in one split are 141 chunks a warp of the narrow kernel, so a table
+    read ahead of the chunks (a ring of entries in windows of 32 one-page chunks, or of 8 chunks of rows on pages of 1
+    or 7) wraps many times. Randomly permuted pages, a -1-padded table, lengths that end mid-page."""
     require_kernel(128, torch.bfloat16)
     batch, heads, heads_k, d = 3, 4, 2, 128
     lens = [9000, 33, 4100 + page // 2]

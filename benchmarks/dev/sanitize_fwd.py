@@ -106,6 +106,13 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
     for splits in (1, 2, 0):
         flash_attn_with_kvcache(q[:, :1], k_pages, v_pages, cache_seqlens=ints(9000, 2**31 - 1, 8191, -4),
                                 block_table=table, causal=True, num_splits=splits)
+    # The same on pages of one row (the chunks of rows on their own pages: 16 entries a chunk).
+    k_pages, v_pages = torch.randn(4000, 1, 2, d, **bf16), torch.randn(4000, 1, 2, d, **bf16)
+    table = torch.randperm(4000, device="cuda").to(torch.int32).view(2, 2000).contiguous()
+    table[0, 5], table[0, 900], table[1, 1999] = 10**6, -5, -1
+    for splits in (1, 0):
+        flash_attn_with_kvcache(q[:2, :1], k_pages, v_pages, cache_seqlens=ints(1999, 2**31 - 1),
+                                block_table=table, causal=True, num_splits=splits)
 torch.cuda.synchronize()
 print("kvcache: ok")
 
