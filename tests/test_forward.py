@@ -230,6 +230,7 @@ def test_repeatable(seqlen_q, seqlen_k, tile_order, head_dim, monkeypatch):
         assert torch.equal(out, first_out) and torch.equal(lse, first_lse), f"run {i + 1} differs from the first"
 
 
+@pytest.mark.bigmem
 def test_many_blocks_and_over_2_31_elements():
     """q/k/v/out of more than 2**31 elements each (64-bit offsets) and batch x heads > 65535 blocks."""
     require_kernel(64, torch.bfloat16)
