@@ -217,8 +217,8 @@ struct BwdTraitsSm90
 // its kKeys of the keys (rows along queries, as in the forward) and writes P and dS to shared memory; then
 // dV^T += dO^T P and dK^T += Q^T dS for its kDRows rows of the head dim (all keys), and dQ = dS K for its
 // kDRows columns, bwd_wide_dq_part at a time (below), staged for a TMA reduce-add into dq_accum. One dO stage
-// at both head dims: 80 keys per block at d 256 (96 at d 192) leave room for no more (FA3's choice): fewer Q / dO loads and dQ reductions per FLOP,
-// which bound the 64-key version (L2 at 76% of its throughput).
+// at both head dims: 80 keys per block at d 256 (96 at d 192) leave room for no more (FA3's choice): fewer Q / dO
+// loads and dQ reductions per FLOP, which bound the 64-key version (L2 at 76% of its throughput).
 // dQ columns per GEMM and staging of the wide shape: d 192's 64 (a warpgroup's whole share: one hand-off to the writer
 // warp a step, as FA3; 16 KB of staging a warpgroup, which d 192's 96-key blocks leave room for), d 256's 32 (two
 // hand-offs a step: its shared memory is full).
