@@ -1,5 +1,5 @@
 #!/bin/bash
-# If paged_ring.sh refutes Q / P again (TUNING 203-204; written in session 19, NOT run on a GPU): where the
+# If paged_ring.sh refutes Q again (TUNING 203-205; ran in session 20, TUNING 205): where the
 # shared-memory entries' flat cost and 1 x 32k's pages-of-16 loss come from. One profiled narrow split launch a
 # layout (benchmarks/dev/paged_ncu_one.py: two warm calls, then the profiled one), main (G) against the ring (Q):
 # duration, executed instructions, issue-slot use and the warp states, then the per-source stall counters of the
@@ -11,7 +11,7 @@ SECTIONS="--section SpeedOfLight --section LaunchStats --section InstructionStat
 for cell in "4096 contig" "4096 ident64" "4096 ident16" "32768 ident64" "32768 ident16"; do set -- $cell
   for x in G Q; do
     el "u$x CTX=$1 LAYOUT=$2"
-    CTX=$1 LAYOUT=$2 PYTHONPATH=$R:$R/.whl/u$x timeout 60 ncu $SECTIONS -k regex:fwd_split_narrow --launch-skip 3 \
+    CTX=$1 LAYOUT=$2 PYTHONPATH=$R:$R/.whl/u$x timeout 60 ncu $SECTIONS -k regex:fwd_split_narrow --launch-skip 2 \
       --launch-count 1 python3 benchmarks/dev/paged_ncu_one.py 2>&1 \
       | grep -E "^ +(Duration|Executed Instructions |Issue Slots Busy|Warp Cycles Per Issued|Stall [A-Z][a-z ]+ +[a-z]|Registers Per|Dynamic Shared)" \
       | sed "s/^/$x $1 $2 /" | tee -a $L
@@ -20,7 +20,7 @@ done
 for x in G Q; do  # the chunk loop's most stalled SASS lines at 1 x 32k pages of 16
   el "u$x source counters, 1 x 32k ident16"
   CTX=32768 LAYOUT=ident16 PYTHONPATH=$R:$R/.whl/u$x timeout 90 ncu --set none --section SourceCounters \
-    --section WarpStateStats -k regex:fwd_split_narrow --launch-skip 3 --launch-count 1 --import-source no \
+    --section WarpStateStats -k regex:fwd_split_narrow --launch-skip 2 --launch-count 1 --import-source no \
     --page source --csv --print-source sass python3 benchmarks/dev/paged_ncu_one.py > $OUT/src_$x.csv 2>&1
   python3 - $OUT/src_$x.csv <<'PY' | sed "s/^/$x /" | tee -a $L
 import csv, sys
