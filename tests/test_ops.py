@@ -301,7 +301,7 @@ def check_compiled(fn, build, shapes, dynamic):
     # parametrizations' lambdas) leave dynamo state behind, so dynamo is reset first (TUNING 202). From a fresh
     # state dynamic=True duck-sizes: two sizes equal in the first shape (batch 2 and nheads_k 2, max_seqlen_q ==
     # max_seqlen_k, batch + 1 == nheads 4) share one symbol, and the next shape that tells them apart recompiles
-    # (TUNING 205). So each test's first shape has every size distinct from the others and none is 0 or 1.
+    # (TUNING 206). So each test's first shape has every size distinct from the others and none is 0 or 1.
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(fn, backend=counter, fullgraph=True, dynamic=dynamic)
