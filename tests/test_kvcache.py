@@ -94,6 +94,16 @@ def from_pages(pages, table):
     return pages[table.long().flatten()].reshape(batch, per_seq * pages.shape[1], *pages.shape[2:])
 
 
+def padded_table(used, max_pages, num_pages):
+    """(len(used), max_pages) int32, as engines pass it: sequence b's first used[b] entries distinct pages of
+    num_pages in random order, the rest -1."""
+    perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
+    table = torch.full((len(used), max_pages), -1, dtype=torch.int32, device="cuda")
+    for b, n in enumerate(used):
+        table[b, :n] = perm[b * max_pages: b * max_pages + n]
+    return table
+
+
 def _run_case(c, batch=2, heads=6):
     d, dtype, seqlen_q, seqlen_k = c["d"], c["dtype"], c["seqlen_q"], c["seqlen_k"]
     require_kernel(d, dtype)
@@ -421,11 +431,7 @@ def test_paged_table_padding_and_strides(page, num_splits):
     v_hnd = randn(num_pages, heads_k, page, d, dtype=dtype)
     k_pages, v_pages = k_hnd.transpose(1, 2), v_hnd.transpose(1, 2)  # the kernels' (pages, rows, heads, d) view
     lens = [0, 5 * page - 1, 9 * page + 1]  # rows in use before the call; one new row each
-    table = torch.full((batch, max_pages), -1, dtype=torch.int32, device="cuda")
-    perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
-    for b, n in enumerate(lens):
-        used = (n + 1 + page - 1) // page
-        table[b, :used] = perm[b * max_pages: b * max_pages + used]
+    table = padded_table([(n + 1 + page - 1) // page for n in lens], max_pages, num_pages)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = randn(batch, 1, heads, d, dtype=dtype)
     k, v = randn(batch, 1, heads_k, d, dtype=dtype), randn(batch, 1, heads_k, d, dtype=dtype)
@@ -443,9 +449,9 @@ def test_paged_table_padding_and_strides(page, num_splits):
 @pytest.mark.parametrize("page", [16, 32, 64, 1, 7])
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_paged_long_splits(page, num_splits):
-    """Splits of thousands of keys: 9000 keys in one split are 141 chunks a warp of the narrow kernel, so a table
-    read ahead of the chunks (a ring of entries in windows of 32 one-page chunks, or of 8 chunks of rows on pages of 1
-    or 7) wraps many times. Randomly permuted pages, a -1-padded table, lengths that end mid-page."""
+    """Splits of thousands of keys (9000 keys in one split: 141 chunks a warp of the narrow kernel), a long chunk
+    loop on one table, where any read-ahead of the table (as the entry rings of TUNING 200-205) wraps many times.
+    Randomly permuted pages, a -1-padded table, lengths that end mid-page."""
     require_kernel(128, torch.bfloat16)
     batch, heads, heads_k, d = 3, 4, 2, 128
     lens = [9000, 33, 4100 + page // 2]
@@ -453,11 +459,7 @@ def test_paged_long_splits(page, num_splits):
     num_pages = batch * max_pages + 3
     k_pages = randn(num_pages, page, heads_k, d, dtype=torch.bfloat16)
     v_pages = randn(num_pages, page, heads_k, d, dtype=torch.bfloat16)
-    perm = torch.randperm(num_pages, device="cuda").to(torch.int32)
-    table = torch.full((batch, max_pages), -1, dtype=torch.int32, device="cuda")
-    for b, n in enumerate(lens):
-        used = (n + page - 1) // page
-        table[b, :used] = perm[b * max_pages: b * max_pages + used]
+    table = padded_table([(n + page - 1) // page for n in lens], max_pages, num_pages)
     seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = randn(batch, 1, heads, d, dtype=torch.bfloat16)
     out = flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=seqlens, block_table=table,

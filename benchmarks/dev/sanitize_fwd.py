@@ -98,15 +98,15 @@ for d in (d for d in (64, 128) if _ops.ext.fwd_head_dim_bucket(d, True) == d):
                                max_seqlen_k=48, block_table=table, causal=True, out=torch.empty_like(qv))
         flash_attn_varlen_func(qv, kp, vp, cu_q, ints(0, 30, 10, 2**20, -7), max_q, 48, causal=True, block_table=table,
                                num_splits=3)
-    # Long splits on pages of 16 (one-page chunks: each warp's ring of table entries refilled every 32 chunks, five
-    # windows at 9000 keys), hostile entries scattered through the table and hostile lengths.
+    # Long splits on pages of 16 (one-page chunks: 141 a warp at 9000 keys, enough for a read-ahead of the table to
+    # wrap, as the entry rings of TUNING 200-205 did), hostile entries scattered through the table, hostile lengths.
     k_pages, v_pages = torch.randn(2400, 16, 2, d, **bf16), torch.randn(2400, 16, 2, d, **bf16)
     table = torch.randperm(2400, device="cuda").to(torch.int32).view(4, 600).contiguous()
     table[1, 7], table[1, 300], table[2, 510], table[3, 599] = 10**6, -5, -1, 2**31 - 1
     for splits in (1, 2, 0):
         flash_attn_with_kvcache(q[:, :1], k_pages, v_pages, cache_seqlens=ints(9000, 2**31 - 1, 8191, -4),
                                 block_table=table, causal=True, num_splits=splits)
-    # The same on pages of one row (the chunks of rows on their own pages: 16 entries a chunk).
+    # The same on pages of one row (chunks of rows on their own pages: 16 entries a chunk, one a row).
     k_pages, v_pages = torch.randn(4000, 1, 2, d, **bf16), torch.randn(4000, 1, 2, d, **bf16)
     table = torch.randperm(4000, device="cuda").to(torch.int32).view(2, 2000).contiguous()
     table[0, 5], table[0, 900], table[1, 1999] = 10**6, -5, -1
